@@ -1,0 +1,576 @@
+"""The header grammar: role, recipient, channel and content type.
+
+Two readings of a header live here and nowhere else:
+
+- ``parse_reference``: the reference's reading of a decoded header string, rule
+  for rule (strict mode, and the tolerant mode's first try, which keeps the
+  tolerant parser identical to the reference on well-formed output);
+- ``resolve``: the tolerant reading of a header's tokens, which never fails and
+  names each repair it makes.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..model import Role
+from ..tokens import (
+    CHANNEL,
+    CHANNEL_MARKER,
+    CONSTRAIN,
+    CONSTRAIN_MARKER,
+    SPECIAL_TOKEN_NAMES,
+    STARTOFTEXT,
+)
+from .result import Repair
+
+# Rust's char::is_whitespace (Unicode White_Space); Python's str.isspace differs.
+RUST_WS = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+)
+_ASCII_WS = re.compile(r"[ \t\n\x0c\r]+")
+_CHANNEL_END = re.compile("[<" + re.escape("".join(sorted(RUST_WS))) + "]")
+_ROLES = {r.value: r for r in Role}
+KNOWN_CHANNELS = ("analysis", "commentary", "final")
+_KNOWN_CONTENT_TYPES = frozenset({"json", "code", "text", "python", "markdown", "html", "xml"})
+_MIME = re.compile(r"^[a-z]+/[a-z0-9.+\-]+$")
+_DOUBLED_ROLE = re.compile(r"^(user|assistant|system|developer)\1+$")
+_GLUED_CHANNEL = re.compile(r"^(user|assistant|system|developer)+(analysis|commentary|final)$")
+_TITLE_WORD = re.compile(r"^[A-Z][A-Za-z0-9_\-]*$")
+_STRIPPED = re.compile(r"^\s*(analysis|commentary|final)(?=\S)")
+_STRIPPED_SPLIT = re.compile(r"(?:assistant)+(?=(?:analysis|commentary|final))")
+
+
+class HeaderError(Exception):
+    """A header the reference rejects; the text is the reference's."""
+
+
+@dataclass
+class Header:
+    role: Role
+    name: str | None = None
+    recipient: str | None = None
+    channel: str | None = None
+    content_type: str | None = None
+
+    def to_state(self) -> dict[str, object]:
+        author: dict[str, object] = {"role": self.role.value}
+        if self.name is not None:
+            author["name"] = self.name
+        return {
+            "author": author,
+            "recipient": self.recipient,
+            "channel": self.channel,
+            "content_type": self.content_type,
+        }
+
+
+def rust_trim(s: str) -> str:
+    i, j = 0, len(s)
+    while i < j and s[i] in RUST_WS:
+        i += 1
+    while j > i and s[j - 1] in RUST_WS:
+        j -= 1
+    return s[i:j]
+
+
+def rust_debug(s: str) -> str:
+    """A string as Rust's ``{:?}`` prints it."""
+    out = ['"']
+    for ch in s:
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\0":
+            out.append("\\0")
+        elif ch != " " and unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"):
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def parse_reference(
+    header: str, role: Role | None, parse_recipient_and_type: bool
+) -> tuple[Header, str | None]:
+    """The reference's header rules; returns the header and any words left over."""
+    channel: str | None = None
+    idx = header.find(CHANNEL_MARKER)
+    if idx != -1:
+        after = header[idx + len(CHANNEL_MARKER) :]
+        m = _CHANNEL_END.search(after)
+        end = m.start() if m else len(after)
+        if end == 0:
+            raise HeaderError("channel marker present but no channel value found in header")
+        channel = after[:end]
+        header = header[:idx] + after[end:]
+    header = rust_trim(header)
+    if CONSTRAIN_MARKER in header:
+        header = rust_trim(header.replace(CONSTRAIN_MARKER, " " + CONSTRAIN_MARKER))
+    parts = [p for p in _ASCII_WS.split(header) if p]
+    role_str: str | None = None
+    if role is None:
+        if not parts:
+            raise HeaderError("message header did not contain a role")
+        role_str = parts[0]
+        parsed = _ROLES.get(role_str)
+        if parsed is None:
+            if len(parts) > 1 or parts[0].startswith("to="):
+                parts.pop(0)
+                parsed = Role.TOOL
+            else:
+                raise HeaderError(f"Unknown role: {role_str}")
+        role = parsed
+    if parts and parts[0] == role.value:
+        parts.pop(0)
+    recipient: str | None = None
+    content_type: str | None = None
+    if parse_recipient_and_type and parts:
+        n = len(parts)
+        last = parts.pop()
+        if last.startswith("to="):
+            recipient = last[3:]
+        elif n == 1 and not last.startswith(CONSTRAIN_MARKER):
+            recipient = last
+        else:
+            content_type = last
+            if parts:
+                raw = parts.pop()
+                recipient = raw[3:] if raw.startswith("to=") else raw
+    remaining = " ".join(parts) if parts else None
+    name = role_str if role is Role.TOOL else None
+    return Header(role, name, recipient, channel, content_type), remaining
+
+
+def has_control_text(header: Header) -> str | None:
+    """The first special-token text inside a header field, if any (garbage the reference returns)."""
+    fields = [header.name, header.recipient, header.channel]
+    ct = header.content_type
+    if ct is not None:
+        fields.append(ct[len(CONSTRAIN_MARKER) :] if ct.startswith(CONSTRAIN_MARKER) else ct)
+    for value in fields:
+        if value and "<|" in value:
+            for m in re.finditer(r"<\|[a-z_0-9]+\|>", value):
+                return m.group()
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The tolerant reading
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class HeaderText:
+    """A header's tokens decoded, with <|channel|> and <|constrain|> kept as marker text."""
+
+    text: str
+    first: int
+    end: int
+    has_special: bool
+    repairs: list[Repair] = field(default_factory=list)
+    # (char offset, token index) at each token start, for mapping text back to tokens.
+    _char_starts: list[int] = field(default_factory=list)
+    _tokens: list[int] = field(default_factory=list)
+
+    def token_at(self, char: int) -> int:
+        """Index of the token holding character ``char`` (``end`` past the text)."""
+        if char >= len(self.text):
+            return self.end
+        k = bisect_right(self._char_starts, char) - 1
+        return self._tokens[max(k, 0)]
+
+
+def decode_header(
+    tokens: Sequence[int], first: int, token_bytes: Callable[[int], bytes | None]
+) -> HeaderText:
+    """Decode header tokens, setting aside control tokens and marking bad bytes."""
+    parts: list[str] = []
+    repairs: list[Repair] = []
+    char_starts: list[int] = []
+    indices: list[int] = []
+    buf = bytearray()
+    buf_tokens: list[tuple[int, int]] = []  # (token index, byte offset in buf)
+    length = 0
+    has_special = False
+
+    def flush() -> None:
+        nonlocal length
+        if not buf_tokens:
+            return
+        raw = bytes(buf)
+        text = raw.decode("utf-8", "replace")
+        if "\ufffd" in text and "\ufffd" not in raw.decode("utf-8", "ignore"):
+            repairs.append(
+                Repair("invalid_utf8", buf_tokens[0][0], buf_tokens[-1][0] + 1,
+                       "header bytes that are not UTF-8 were replaced by U+FFFD")
+            )
+        for index, offset in buf_tokens:
+            char_starts.append(length + len(raw[:offset].decode("utf-8", "ignore")))
+            indices.append(index)
+        parts.append(text)
+        length += len(text)
+        buf.clear()
+        buf_tokens.clear()
+
+    for k, tok in enumerate(tokens):
+        index = first + k
+        data = token_bytes(tok) if 0 <= tok < STARTOFTEXT else None
+        if data is not None:
+            buf_tokens.append((index, len(buf)))
+            buf += data
+            continue
+        flush()
+        if tok == CHANNEL or tok == CONSTRAIN:
+            marker = SPECIAL_TOKEN_NAMES[tok]
+            char_starts.append(length)
+            indices.append(index)
+            parts.append(marker)
+            length += len(marker)
+            has_special = True
+        else:
+            has_special = True
+            what = SPECIAL_TOKEN_NAMES.get(tok, f"invalid token id {tok}")
+            repairs.append(
+                Repair("control_token_in_header", index, index + 1, f"{what} removed from a header")
+            )
+    flush()
+    return HeaderText("".join(parts), first, first + len(tokens), has_special, repairs,
+                      char_starts, indices)
+
+
+@dataclass
+class _Word:
+    start: int
+    end: int
+    text: str
+    section: int
+    used: bool = False
+
+
+@dataclass
+class Resolution:
+    """A tolerant header reading: the header, free text found in it, and the repairs."""
+
+    header: Header
+    leftover: str = ""
+    leftover_end: int = 0  # char offset just past the last leftover word
+    leftover_start: int = 0
+    repairs: list[Repair] = field(default_factory=list)
+
+
+def _is_content_type(word: str) -> bool:
+    return word in _KNOWN_CONTENT_TYPES or bool(_MIME.match(word))
+
+
+def _tool_match(name: str, tools: frozenset[str] | None) -> bool:
+    if not tools:
+        return False
+    bare = name[len("functions.") :] if name.startswith("functions.") else name
+    return bare in tools or name in tools
+
+
+def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
+    """Split header text into words and channel values (start, end, value) per marker."""
+    words: list[_Word] = []
+    channels: list[tuple[int, int, str]] = []
+    pos = 0
+    section = 0
+    while True:
+        idx = text.find(CHANNEL_MARKER, pos)
+        chunk_end = idx if idx != -1 else len(text)
+        for m in re.finditer(r"[^ \t\n\x0c\r]+", text[pos:chunk_end]):
+            s = pos + m.start()
+            piece = m.group()
+            # <|constrain|> always starts a word of its own.
+            for k, sub in enumerate(piece.split(CONSTRAIN_MARKER)):
+                if k > 0:
+                    sub = CONSTRAIN_MARKER + sub
+                if sub:
+                    words.append(_Word(s, s + len(sub), sub, section))
+                s += len(sub)
+        if idx == -1:
+            break
+        section += 1
+        after = idx + len(CHANNEL_MARKER)
+        m2 = _CHANNEL_END.search(text, after)
+        value_end = m2.start() if m2 else len(text)
+        channels.append((idx, value_end, text[after:value_end]))
+        pos = value_end
+    return words, channels
+
+
+def _repair_channel(value: str) -> str | None:
+    if value in KNOWN_CHANNELS:
+        return value
+    letters = re.sub(r"[^a-z]", "", value.lower())
+    for known in KNOWN_CHANNELS:
+        if letters.startswith(known) or letters.endswith(known):
+            return known
+    return None
+
+
+def resolve(
+    ht: HeaderText,
+    role_hint: Role | None,
+    default_role: Role,
+    tools: frozenset[str] | None,
+    with_body: bool,
+) -> Resolution:
+    """Read a header tolerantly. ``with_body``: the header reached <|message|>."""
+    text = ht.text
+    words, channel_values = _words(text)
+    repairs: list[Repair] = []
+
+    def rep(kind: str, start_char: int, end_char: int, detail: str) -> None:
+        start = ht.token_at(start_char)
+        end = max(ht.token_at(max(end_char - 1, start_char)) + 1, start + 1)
+        repairs.append(Repair(kind, start, min(end, ht.end), detail))
+
+    channel_candidates: list[tuple[str, int, int]] = []
+    # Role.
+    first = words[0] if words and words[0].section == 0 else None
+    role: Role
+    name: str | None = None
+    if role_hint is not None:
+        role = role_hint
+        if first is not None:
+            _take_role_word(first, role_hint, channel_candidates, rep)
+    elif first is None:
+        role = default_role
+        rep("missing_role", 0, 0, f"header has no role; {default_role.value} assumed")
+    else:
+        exact = _ROLES.get(first.text)
+        nxt = words[1] if len(words) > 1 else None
+        if exact is not None:
+            role, first.used = exact, True
+        elif _take_role_word(first, None, channel_candidates, rep):
+            role = _ROLES[re.match(r"(user|assistant|system|developer)", first.text).group()]  # type: ignore[union-attr]
+        elif "." in first.text or (nxt is not None and nxt.text.startswith("to=")):
+            role, name, first.used = Role.TOOL, first.text, True
+        else:
+            role = default_role
+            rep("unknown_role", first.start, first.end,
+                f"{first.text!r} is not a role; {default_role.value} assumed")
+
+    # Channel values after each <|channel|>.
+    for start, end, value in channel_values:
+        channel_candidates.append((value, start, end))
+
+    # Recipients, with names of several words.
+    recipients: list[tuple[str, int, int]] = []
+    for i, w in enumerate(words):
+        if w.used or not w.text.startswith("to="):
+            continue
+        w.used = True
+        value, end = w.text[3:], w.end
+        j = i + 1
+        if not value and j < len(words) and not words[j].used:
+            value, end = words[j].text, words[j].end
+            words[j].used = True
+            j += 1
+        extra = _spaced_name(words, j, value, tools)
+        if extra:
+            for k in range(j, j + extra):
+                words[k].used = True
+            end = words[j + extra - 1].end
+            value = text[w.start + 3 : end]
+            value = " ".join(value.split())
+            rep("recipient_with_spaces", w.start, end, f"recipient {value!r} has spaces")
+        recipients.append((value, w.start, end))
+
+    # Content types: <|constrain|>TYPE, or a bare type word after the recipient.
+    content_types: list[tuple[str, int, int]] = []
+    for i, w in enumerate(words):
+        if w.used or not w.text.startswith(CONSTRAIN_MARKER):
+            continue
+        w.used = True
+        value, end = w.text, w.end
+        if value == CONSTRAIN_MARKER and i + 1 < len(words) and not words[i + 1].used \
+                and words[i + 1].section == w.section:
+            value, end = value + words[i + 1].text, words[i + 1].end
+            words[i + 1].used = True
+        content_types.append((value, w.start, end))
+    if with_body and not content_types:
+        rest = [w for w in words if not w.used]
+        if rest and _is_content_type(rest[-1].text) and (recipients or rest[-1].section > 0):
+            last = rest[-1]
+            last.used = True
+            content_types.append((last.text, last.start, last.end))
+
+    # Unknown words that are channel names with junk around them (––commentary).
+    for w in words:
+        if not w.used and re.sub(r"[^a-z]", "", w.text) in KNOWN_CHANNELS and \
+                re.sub(r"[a-z]", "", w.text) and with_body:
+            w.used = True
+            channel_candidates.append((w.text, w.start, w.end))
+
+    channel = _pick_channel(channel_candidates, rep)
+    recipient = _pick_recipient(recipients, tools, rep)
+    content_type = content_types[-1][0] if content_types else None
+    if len(content_types) > 1:
+        rep("unknown_header_word", content_types[0][1], content_types[-2][2],
+            "content type given more than once; the last one was kept")
+
+    if recipient is not None and role is Role.ASSISTANT and recipient == "assistant":
+        start, end = next((s, e) for v, s, e in recipients if v == recipient)
+        rep("self_recipient", start, end, "assistant message addressed to=assistant; dropped")
+        recipient = None
+    if recipient is not None and tools and not _tool_match(recipient, tools):
+        for suffix in ("json", "code"):
+            stem = recipient[: -len(suffix)]
+            if recipient.endswith(suffix) and _tool_match(stem, tools):
+                start, end = next((s, e) for v, s, e in recipients if v == recipient)
+                rep("content_type_glued", start, end,
+                    f"{recipient!r} read as recipient {stem!r} with content type {suffix!r}")
+                recipient = stem
+                if content_type is None:
+                    content_type = suffix
+                break
+    if not with_body:
+        for value, start, end in recipients:
+            rep("recipient_without_message", start, end,
+                f"to={value} dropped: the header never reached <|message|>")
+        recipient = None
+        for value, start, end in content_types:
+            rep("unknown_header_word", start, end, f"content type {value!r} dropped with its header")
+        content_type = None
+
+    leftover_words = [w for w in words if not w.used]
+    leftover = _join(text, leftover_words)
+    res = Resolution(Header(role, name, recipient, channel, content_type), leftover,
+                     repairs=repairs)
+    if leftover_words:
+        res.leftover_start = leftover_words[0].start
+        res.leftover_end = leftover_words[-1].end
+    return res
+
+
+def _take_role_word(
+    first: _Word,
+    role: Role | None,
+    channel_candidates: list[tuple[str, int, int]],
+    rep: Callable[[str, int, int, str], None],
+) -> bool:
+    """Consume the role word (or a doubled or channel-glued form of it)."""
+    if role is not None and first.text == role.value:
+        first.used = True
+        return True
+    m = _DOUBLED_ROLE.match(first.text)
+    if m and (role is None or m.group(1) == role.value):
+        first.used = True
+        rep("doubled_role", first.start, first.end, f"role word {first.text!r} read as {m.group(1)!r}")
+        return True
+    m = _GLUED_CHANNEL.match(first.text)
+    if m and (role is None or first.text.startswith(role.value)):
+        first.used = True
+        channel_candidates.append((m.group(2), first.start, first.end))
+        rep("glued_channel", first.start, first.end,
+            f"{first.text!r} read as role {m.group(1)!r} and channel {m.group(2)!r}")
+        return True
+    return False
+
+
+def _spaced_name(words: list[_Word], j: int, value: str, tools: frozenset[str] | None) -> int:
+    """How many words after ``to=value`` belong to a recipient name with spaces."""
+    run = []
+    for w in words[j:]:
+        if w.used or w.section != words[j].section or w.text.startswith(("to=", CONSTRAIN_MARKER)):
+            break
+        run.append(w.text)
+    if tools:
+        for n in range(len(run), 0, -1):
+            if _tool_match(" ".join([value, *run[:n]]), tools):
+                return n
+        return 0
+    if _tool_match(value, tools) or "." in value:
+        return 0
+    n = 0
+    for word in run:
+        if not _TITLE_WORD.match(word):
+            break
+        n += 1
+    return n
+
+
+def _pick_channel(
+    candidates: list[tuple[str, int, int]], rep: Callable[[str, int, int, str], None]
+) -> str | None:
+    if not candidates:
+        return None
+    chosen: str | None = None
+    named = [c for c in candidates if c[0]]
+    for value, start, end in named:
+        fixed = _repair_channel(value)
+        if fixed is not None and fixed != value:
+            rep("channel_repaired", start, end, f"channel {value!r} read as {fixed!r}")
+        chosen = fixed if fixed is not None else value
+    if len(candidates) > 1:
+        rep("duplicate_channel", candidates[0][1], candidates[-1][2],
+            f"{len(candidates)} channels given; {chosen or 'final'!r} kept")
+    if chosen is None:
+        rep("empty_channel", candidates[0][1], candidates[0][2], "empty channel read as 'final'")
+        chosen = "final"
+    return chosen
+
+
+def _pick_recipient(
+    recipients: list[tuple[str, int, int]],
+    tools: frozenset[str] | None,
+    rep: Callable[[str, int, int, str], None],
+) -> str | None:
+    if not recipients:
+        return None
+    values = [r[0] for r in recipients if r[0]]
+    if not values:
+        return None
+    chosen = next((v for v in reversed(values) if _tool_match(v, tools)), values[-1])
+    if len(recipients) > 1:
+        rep("duplicate_recipient", recipients[0][1], recipients[-1][2],
+            f"{len(recipients)} recipients given; {chosen!r} kept")
+    return chosen
+
+
+def _join(text: str, words: list[_Word]) -> str:
+    """Leftover words with their original spacing, one space where header fields stood."""
+    out: list[str] = []
+    prev: _Word | None = None
+    for w in words:
+        if prev is not None:
+            between = text[prev.end : w.start]
+            out.append(between if between and not between.strip() else " ")
+        out.append(w.text)
+        prev = w
+    return "".join(out)
+
+
+def split_stripped_markup(text: str) -> list[tuple[str, str, int, int]] | None:
+    """Text whose special tokens an engine stripped (``analysisUser says...assistantfinalHi``).
+
+    Returns (channel, body, start, end) pieces, or None when the text does not
+    look like stripped Harmony.
+    """
+    m = _STRIPPED.match(text)
+    if not m:
+        return None
+    pieces: list[tuple[str, str, int, int]] = []
+    starts = [m.start(1)] + [x.end() for x in _STRIPPED_SPLIT.finditer(text)]
+    cuts = [x.start() for x in _STRIPPED_SPLIT.finditer(text)] + [len(text)]
+    for start, end in zip(starts, cuts):
+        seg = text[start:end]
+        channel = next(c for c in KNOWN_CHANNELS if seg.startswith(c))
+        pieces.append((channel, seg[len(channel) :].strip(), start, end))
+    return pieces

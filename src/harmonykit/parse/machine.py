@@ -1,0 +1,585 @@
+"""The parser: one sans-IO state machine, tokens in, messages and repairs out.
+
+Batch parsing and streaming are the same machine: ``feed`` takes one token,
+``feed_text`` a run of ordinary text tokens (the batch fast path), ``end``
+marks the end of the stream. Feeding tokens one by one or in runs gives the
+same messages, spans, skipped ranges and repairs.
+
+The transitions are data (``STRICT`` and ``TOLERANT`` below): for each state and
+kind of token, the name of the action to take. Strict mode is the reference's
+parser (and raises where the reference returns garbage); tolerant mode never
+raises and accounts for every token: each one ends up in a message's span or in
+a skipped range with a repair that says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Final
+
+from ..errors import HarmonyError
+from ..model import Author, Message, Role, StreamState, TextContent
+from ..tokens import (
+    CALL,
+    CHANNEL,
+    CONSTRAIN,
+    END,
+    MESSAGE,
+    N_VOCAB,
+    RETURN,
+    SPECIAL_TOKEN_NAMES,
+    START,
+    STARTOFTEXT,
+    STOP_NAMES,
+)
+from .header import (
+    Header,
+    HeaderError,
+    decode_header,
+    has_control_text,
+    parse_reference,
+    resolve,
+    rust_debug,
+    split_stripped_markup,
+)
+from .result import ParseResult, Repair, StopName
+
+REPLACEMENT: Final = "\ufffd"
+
+
+class Kind(Enum):
+    """What a token is, as far as the grammar cares."""
+
+    TEXT = "text"
+    START = "start"
+    CHANNEL = "channel"
+    CONSTRAIN = "constrain"
+    MESSAGE = "message"
+    STOP = "stop"
+    SPECIAL = "special"  # any other special token (reserved, <|endoftext|>, ...)
+    INVALID = "invalid"  # not an id of the vocabulary
+
+
+_SPECIAL_KINDS: Final = {
+    START: Kind.START,
+    CHANNEL: Kind.CHANNEL,
+    CONSTRAIN: Kind.CONSTRAIN,
+    MESSAGE: Kind.MESSAGE,
+    END: Kind.STOP,
+    RETURN: Kind.STOP,
+    CALL: Kind.STOP,
+}
+
+
+def kind_of(token: int) -> Kind:
+    if 0 <= token < STARTOFTEXT:
+        return Kind.TEXT
+    if STARTOFTEXT <= token < N_VOCAB:
+        return _SPECIAL_KINDS.get(token, Kind.SPECIAL)
+    return Kind.INVALID
+
+
+S = StreamState
+K = Kind
+
+# state -> kind -> action. "push": the token joins the header being read.
+STRICT: Final[dict[StreamState, dict[Kind, str]]] = {
+    S.EXPECT_START: {k: "error_expect_start" for k in Kind} | {K.START: "open_header"},
+    S.HEADER: {k: "push" for k in Kind} | {K.MESSAGE: "close_header"},
+    S.CONTENT: {k: "body_text" for k in Kind} | {K.STOP: "close_body", K.INVALID: "body_invalid"},
+}
+TOLERANT: Final[dict[StreamState, dict[Kind, str]]] = {
+    S.EXPECT_START: {
+        K.TEXT: "open_stray",
+        K.SPECIAL: "open_stray",
+        K.INVALID: "open_stray",
+        K.CONSTRAIN: "open_stray",
+        K.START: "open_header",
+        K.CHANNEL: "open_implicit",
+        K.MESSAGE: "open_implicit",
+        K.STOP: "stray_stop",
+    },
+    S.HEADER: {k: "push" for k in Kind}
+    | {K.MESSAGE: "close_header", K.STOP: "headerless", K.START: "restart_header"},
+    S.CONTENT: {
+        K.TEXT: "body_text",
+        K.STOP: "close_body",
+        K.START: "header_in_body",
+        K.CHANNEL: "header_in_body",
+        K.MESSAGE: "body_control",
+        K.CONSTRAIN: "body_control",
+        K.SPECIAL: "body_control",
+        K.INVALID: "body_invalid",
+    },
+}
+
+
+class Machine:
+    """The Harmony parser's state machine (see the module docstring).
+
+    ``token_bytes(id)`` gives an ordinary token's bytes; ``str_cache`` maps ids
+    to their text when the bytes are UTF-8 on their own ("" when not), and is
+    filled as tokens are met. ``role`` is the
+    role whose header was already rendered (the prompt ended in
+    ``<|start|>assistant``), or None when output starts with ``<|start|>``.
+    """
+
+    def __init__(
+        self,
+        token_bytes: Callable[[int], bytes],
+        str_cache: dict[int, str],
+        decode_run: Callable[[Sequence[int]], bytes],
+        encode_text: Callable[[str], list[int]],
+        role: Role | None,
+        *,
+        strict: bool = True,
+        tools: frozenset[str] | None = None,
+    ) -> None:
+        self._token_bytes = token_bytes
+        self._str_cache = str_cache
+        self._decode_run = decode_run
+        self._encode_text = encode_text
+        self.strict = strict
+        self.tools = tools
+        self._table = STRICT if strict else TOLERANT
+        self._default_role = role or Role.ASSISTANT
+        self.next_role: Role | None = role
+        self.state: StreamState = S.HEADER if role is not None else S.EXPECT_START
+        self.tokens: list[int] = []
+        self.messages: list[Message] = []
+        self.spans: list[tuple[int, int]] = []
+        self.skipped: list[tuple[int, int]] = []
+        self.repairs: list[Repair] = []
+        self.stop: StopName | None = None
+        self.ended = False
+        self.open_at_end = False
+        self.last_delta: str | None = None
+        # The message being read.
+        self._cursor = 0  # first token not yet in a span or skipped range
+        self.header_tokens: list[int] = []
+        self._weak = False  # the header is stray text, not a message begun with <|start|>
+        self.header: Header | None = None
+        self.parts: list[str] = []  # body text, delta by delta
+        self.pending = bytearray()  # body bytes not yet valid UTF-8
+        self._poisoned: list[int] = []  # strict: the reference's undecodable tail
+        self._joined = ""
+        self._joined_parts = 0
+
+    # -- feeding ---------------------------------------------------------
+
+    def feed(self, token: int) -> None:
+        """Consume one token."""
+        # The hot path: an ordinary token inside a body that decodes on its own.
+        if self.state is S.CONTENT and 0 <= token < STARTOFTEXT and not self.pending \
+                and not self._poisoned:
+            s = self._str_cache.get(token)
+            if s is None:
+                s = self._fill_str(token)
+            if s:
+                self.tokens.append(token)
+                self.parts.append(s)
+                self.last_delta = s
+                return
+        index = len(self.tokens)
+        self.tokens.append(token)
+        action = self._table[self.state][kind_of(token)]
+        getattr(self, "_" + action)(token, index)
+
+    def feed_text(self, run: Sequence[int]) -> None:
+        """Consume a run of ordinary text tokens at once (same result as one by one)."""
+        if not run:
+            return
+        index = len(self.tokens)
+        if self.state is S.CONTENT:
+            self.tokens += run
+            if self._poisoned:
+                self._poisoned += run
+                self.last_delta = None
+                return
+            self._body_bytes(self._decode_run(run), index)
+            return
+        if self.state is S.HEADER:
+            self.tokens += run
+            self.header_tokens += run
+            return
+        # Between messages: the first token decides, the rest follows as header text.
+        self.feed(run[0])
+        self.feed_text(run[1:])
+
+    def end(self) -> None:
+        """The end of the stream."""
+        if self.ended:
+            return
+        index = len(self.tokens)
+        if self.state is S.HEADER:
+            if self.strict:
+                raise HarmonyError(
+                    "Unexpected EOS while waiting for message header to complete",
+                    token_index=index,
+                )
+            self.open_at_end = bool(self.header_tokens) and not self._weak
+            self._close_header_without_body(index, terminated=False)
+        elif self.state is S.CONTENT:
+            self.open_at_end = True
+            self._finish_body(index, None)
+        if self.open_at_end:
+            self.stop = None
+        self.ended = True
+
+    # -- between messages --------------------------------------------------
+
+    def _error_expect_start(self, token: int, index: int) -> None:
+        raise HarmonyError(
+            f"Unexpected token {token} while expecting start token {START}", token_index=index
+        )
+
+    def _open_header(self, token: int, index: int) -> None:
+        self._skip_to(index)
+        self.state = S.HEADER
+        self.header_tokens = []
+        self._weak = False
+
+    def _open_implicit(self, token: int, index: int) -> None:
+        # <|channel|> or <|message|> with no <|start|> before it.
+        self._skip_to(index)
+        self.repairs.append(Repair("missing_start", index, index, "message began without <|start|>"))
+        self.state = S.HEADER
+        self.header_tokens = []
+        self._weak = False
+        self.next_role = self.next_role or self._default_role
+        if token == MESSAGE:
+            self._close_header(token, index)
+        else:
+            self.header_tokens.append(token)
+
+    def _open_stray(self, token: int, index: int) -> None:
+        # Text after a message: kept as a header until something decides what it is.
+        self._skip_to(index)
+        self.state = S.HEADER
+        self.header_tokens = [token]
+        self._weak = True
+        self.next_role = self.next_role or self._default_role
+
+    def _stray_stop(self, token: int, index: int) -> None:
+        self._skip_to(index)
+        self._skip(index + 1, "stray_stop_token", f"{SPECIAL_TOKEN_NAMES[token]} outside a message")
+        self.stop = STOP_NAMES[token]
+
+    # -- header ------------------------------------------------------------
+
+    def _push(self, token: int, index: int) -> None:
+        self.header_tokens.append(token)
+
+    def _restart_header(self, token: int, index: int) -> None:
+        if not self.header_tokens:
+            self.repairs.append(Repair("doubled_start", index, index + 1, "<|start|> repeated"))
+            return
+        self._close_header_without_body(index, terminated=False)
+        self._open_header(token, index)
+
+    def _close_header(self, token: int, index: int) -> None:
+        start = index - len(self.header_tokens)
+        if self.strict:
+            header = self._strict_header(start, index)
+        else:
+            header = self._tolerant_header(start, index)
+        self.next_role = None
+        self.header = header
+        self.state = S.CONTENT
+        self.parts = []
+        self.pending = bytearray()
+        self._poisoned = []
+        self._joined, self._joined_parts = "", 0
+
+    def _strict_header(self, start: int, index: int) -> Header:
+        try:
+            text = self._decode_strict(self.header_tokens)
+        except UnicodeDecodeError:
+            raise HarmonyError("could not decode header", token_index=start) from None
+        try:
+            header, remaining = parse_reference(text, self.next_role, True)
+        except HeaderError as e:
+            raise HarmonyError(str(e), token_index=index) from None
+        if remaining is not None:
+            raise HarmonyError(
+                f"unexpected tokens remaining in message header: Some({rust_debug(remaining)})",
+                token_index=index,
+            )
+        bad = has_control_text(header)
+        if bad is not None:
+            where = next(
+                (start + k for k, t in enumerate(self.header_tokens) if SPECIAL_TOKEN_NAMES.get(t) == bad),
+                index,
+            )
+            raise HarmonyError(
+                f"control token {bad} inside the message header; a header may hold only "
+                "role, recipient, channel and content type",
+                token_index=where,
+            )
+        return header
+
+    def _decode_strict(self, tokens: Sequence[int]) -> str:
+        out = bytearray()
+        for t in tokens:
+            if 0 <= t < STARTOFTEXT:
+                out += self._token_bytes(t)
+            elif STARTOFTEXT <= t < N_VOCAB:
+                out += SPECIAL_TOKEN_NAMES[t].encode()
+            else:
+                raise UnicodeDecodeError("utf-8", b"", 0, 0, "invalid token")
+        return out.decode("utf-8")
+
+    def _tolerant_header(self, start: int, index: int) -> Header:
+        ht = decode_header(self.header_tokens, start, self._maybe_bytes)
+        if not ht.repairs and not self._weak:
+            try:
+                header, remaining = parse_reference(ht.text, self.next_role, True)
+            except HeaderError:
+                pass
+            else:
+                if remaining is None and has_control_text(header) is None and (
+                    not self.tools or header.recipient is None or _declared(header.recipient, self.tools)
+                ):
+                    return header
+        res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
+        self.repairs += ht.repairs
+        prose = res.leftover.strip()
+        if prose and len(prose.split()) >= 3:
+            split = ht.token_at(res.leftover_end)
+            if ht.token_at(res.leftover_start) == start and start < split < index:
+                # Free text leads the header: a message of its own, before this one.
+                self._emit(
+                    Header(res.header.role, res.header.name, None, res.header.channel, None),
+                    prose, split,
+                )
+                self.repairs.append(Repair("prose_in_header", start, split,
+                                           "text before the header fields became a message"))
+            else:
+                res.repairs.append(Repair("prose_in_header", start, index,
+                                          f"text in the header set aside: {prose!r}"))
+        elif prose:
+            res.repairs.append(Repair("unknown_header_word", ht.token_at(res.leftover_start),
+                                      max(ht.token_at(res.leftover_end - 1) + 1, start + 1),
+                                      f"header words {prose!r} set aside"))
+        self.repairs += res.repairs
+        return res.header
+
+    def _maybe_bytes(self, token: int) -> bytes | None:
+        return self._token_bytes(token)
+
+    def _headerless(self, token: int, index: int) -> None:
+        # A stop token ended a header that never reached <|message|>.
+        self._close_header_without_body(index + 1, terminated=True, stop_token=token)
+        self.stop = STOP_NAMES[token]
+
+    def _close_header_without_body(
+        self, end: int, *, terminated: bool, stop_token: int | None = None
+    ) -> None:
+        tokens = self.header_tokens
+        body_end = end - 1 if terminated else end
+        start = body_end - len(tokens)
+        role_hint = self.next_role
+        self.next_role = None
+        self.state = S.EXPECT_START
+        self.header_tokens = []
+        if not tokens:
+            if terminated:
+                self._skip(end, "stray_stop_token", "stop token with no message before it")
+            return
+        if self._weak and not terminated:
+            self._skip(end, "stray_text", "text outside any message")
+            return
+        ht = decode_header(tokens, start, self._maybe_bytes)
+        pieces = None if ht.has_special else split_stripped_markup(ht.text)
+        if pieces:
+            self.repairs += ht.repairs
+            role = role_hint or self._default_role
+            for k, (channel, body, _s, e) in enumerate(pieces):
+                cut = end if k == len(pieces) - 1 else max(ht.token_at(e), self._cursor + 1)
+                self._emit(Header(role, None, None, channel, None), body, cut)
+            self.repairs.append(Repair("stripped_markup", start, end,
+                                       f"{len(pieces)} messages read from text without special tokens"))
+            return
+        res = resolve(ht, role_hint, self._default_role, self.tools, with_body=False)
+        self.repairs += ht.repairs + res.repairs
+        body = res.leftover.strip()
+        if not body:
+            self._skip(end, "empty_message", "a header with no body")
+            return
+        self.repairs.append(Repair("missing_message_token", start, end,
+                                   "header without <|message|>; its text became the body"))
+        self._emit(res.header, body, end)
+
+    # -- body --------------------------------------------------------------
+
+    def _fill_str(self, token: int) -> str:
+        try:
+            s = self._token_bytes(token).decode("utf-8")
+        except UnicodeDecodeError:
+            s = ""
+        self._str_cache[token] = s
+        return s
+
+    def _body_text(self, token: int, index: int) -> None:
+        if self._poisoned:
+            self._poisoned.append(token)
+            self.last_delta = None
+            return
+        if 0 <= token < STARTOFTEXT:
+            data = self._token_bytes(token)
+        else:  # strict mode: a special token's text is body text, as in the reference
+            data = SPECIAL_TOKEN_NAMES[token].encode()
+        self._body_bytes(data, index)
+
+    def _body_bytes(self, data: bytes, index: int) -> None:
+        self.pending += data
+        delta: list[str] = []
+        while self.pending:
+            try:
+                s = self.pending.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if e.start:
+                    delta.append(self.pending[: e.start].decode("utf-8"))
+                if e.reason == "unexpected end of data" and e.end == len(self.pending):
+                    del self.pending[: e.start]
+                    break
+                delta.append(REPLACEMENT)
+                if not self.strict:
+                    self.repairs.append(Repair("invalid_utf8", index, index + 1,
+                                               "bytes that are not UTF-8 became U+FFFD"))
+                del self.pending[: e.end]
+            else:
+                delta.append(s)
+                self.pending.clear()
+        text = "".join(delta)
+        if text:
+            self.parts.append(text)
+            self.last_delta = text
+        else:
+            self.last_delta = None
+
+    def _body_invalid(self, token: int, index: int) -> None:
+        if self.strict:
+            # The reference keeps an undecodable token and everything after it
+            # pending, and ends the message with one U+FFFD.
+            self._poisoned.append(token)
+            self.last_delta = None
+            return
+        self.repairs.append(Repair("invalid_token", index, index + 1,
+                                   f"token id {token} is not in the vocabulary; U+FFFD"))
+        self._body_bytes(REPLACEMENT.encode(), index)
+
+    def _body_control(self, token: int, index: int) -> None:
+        self.repairs.append(Repair("control_token_in_body", index, index + 1,
+                                   f"{SPECIAL_TOKEN_NAMES[token]} removed from a body"))
+        self.last_delta = None
+
+    def _header_in_body(self, token: int, index: int) -> None:
+        if self.parts or self.pending:
+            self.repairs.append(Repair("header_inside_body", index, index,
+                                       f"{SPECIAL_TOKEN_NAMES[token]} began a message inside a body"))
+            self._finish_body(index, None)
+        else:
+            self.state = S.EXPECT_START
+            self._skip(index, "empty_message", f"{SPECIAL_TOKEN_NAMES[token]} followed <|message|>")
+        if token == START:
+            self._open_header(token, index)
+        else:
+            self._open_implicit(token, index)
+
+    def _close_body(self, token: int, index: int) -> None:
+        header = self.header
+        assert header is not None
+        if not self.strict and header.role is Role.ASSISTANT:
+            if token == CALL and header.recipient is None:
+                self.repairs.append(Repair("wrong_stop_token", index, index + 1,
+                                           "<|call|> ended a message with no recipient"))
+            elif token == RETURN and header.recipient is not None:
+                self.repairs.append(Repair("wrong_stop_token", index, index + 1,
+                                           "<|return|> ended a tool call; read as <|call|>"))
+        self._finish_body(index + 1, token)
+
+    def _finish_body(self, end: int, stop_token: int | None) -> None:
+        header = self.header
+        assert header is not None
+        text = self.content
+        if self._poisoned:
+            text += REPLACEMENT
+        if self.pending:
+            tail = bytes(self.pending).decode("utf-8", "replace")
+            if not self.strict:
+                self.repairs.append(Repair("invalid_utf8", end - 1, end,
+                                           "the body ended inside a UTF-8 character"))
+            text += tail
+        self._emit(header, text, end)
+        self.stop = STOP_NAMES[stop_token] if stop_token is not None else None
+        self.state = S.EXPECT_START
+        self.header = None
+        self.parts = []
+        self.pending = bytearray()
+        self._poisoned = []
+        self._joined, self._joined_parts = "", 0
+        self.last_delta = None
+
+    def content_tokens(self) -> list[int]:
+        """The body re-encoded delta by delta (what the reference's state shows)."""
+        out: list[int] = []
+        for part in self.parts:
+            out += self._encode_text(part)
+        return out
+
+    @property
+    def content(self) -> str:
+        """The body text read so far; joins only what arrived since the last call."""
+        parts = self.parts
+        if self._joined_parts != len(parts):
+            joined = self._joined
+            self._joined = ""  # lets CPython grow the string in place
+            joined += "".join(parts[self._joined_parts :])
+            self._joined, self._joined_parts = joined, len(parts)
+        return self._joined
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _emit(self, header: Header, text: str, end: int) -> None:
+        message = Message(
+            author=Author(role=header.role, name=header.name),
+            content=[TextContent(text=text)],
+            channel=header.channel,
+            recipient=header.recipient,
+            content_type=header.content_type,
+        )
+        self.messages.append(message)
+        self.spans.append((self._cursor, end))
+        self._cursor = end
+
+    def _skip(self, end: int, kind: str, detail: str) -> None:
+        if end > self._cursor:
+            self.skipped.append((self._cursor, end))
+            self.repairs.append(Repair(kind, self._cursor, end, detail))
+            self._cursor = end
+
+    def _skip_to(self, index: int) -> None:
+        if index > self._cursor:
+            self._skip(index, "stray_text", "tokens outside any message")
+
+    # -- results ---------------------------------------------------------------
+
+    def result(self) -> ParseResult:
+        """The parse so far (after ``end``, the final one)."""
+        return ParseResult(
+            messages=list(self.messages),
+            spans=list(self.spans),
+            skipped=list(self.skipped),
+            repairs=sorted(self.repairs, key=lambda r: (r.start, r.end)),
+            stop=self.stop,
+            complete=not self.open_at_end,
+        )
+
+
+def _declared(recipient: str, tools: frozenset[str]) -> bool:
+    bare = recipient[len("functions.") :] if recipient.startswith("functions.") else recipient
+    if not recipient.startswith("functions.") and "." in recipient:
+        return True  # a built-in tool (browser.search, python, ...)
+    return bare in tools or recipient in tools or recipient == "python"

@@ -1,0 +1,255 @@
+"""JSON Schema -> the TypeScript-like declarations gpt-oss reads in its tool sections.
+
+The output matches the reference renderer character for character, odd corners
+included (see docs/compatibility.md): descriptions of ``oneOf`` properties move
+above the property, string defaults of enums are unquoted, only string
+``examples`` are listed, and JSON values in ``default`` comments are printed the
+way Rust's serde_json prints them.
+
+>>> print(schema_to_typescript({"type": "object", "properties": {"n": {"type": "integer"}}}, ""))
+{
+n?: number,
+}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _json_string(s: str) -> str:
+    out = ['"']
+    for ch in s:
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ch < " ":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _json_float(x: float) -> str:
+    # serde_json prints floats with ryu: shortest round-trip digits, an
+    # exponent without "+" or padding, and scientific notation outside
+    # 1e-5 <= |x| < 1e16.
+    if not math.isfinite(x):
+        return "null"
+    if x == 0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    r = repr(abs(x))
+    mantissa, _, exp_s = r.partition("e")
+    exp = int(exp_s) if exp_s else 0
+    int_part, _, frac_part = mantissa.partition(".")
+    digits = (int_part + frac_part).lstrip("0")
+    # Decimal exponent of the first significant digit.
+    if int_part.strip("0"):
+        point = len(int_part.lstrip("0")) + exp
+    else:
+        point = -(len(frac_part) - len(frac_part.lstrip("0"))) + exp
+    digits = digits.rstrip("0") or "0"
+    sign = "-" if x < 0 else ""
+    n = len(digits)
+    if 0 < point <= 16:
+        if n <= point:
+            return f"{sign}{digits}{'0' * (point - n)}.0"
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    if -5 < point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    e = point - 1
+    body = digits[0] + ("." + digits[1:] if n > 1 else "")
+    return f"{sign}{body}e{e}"
+
+
+def json_compact(value: Any) -> str:
+    """A JSON value as serde_json's ``Display`` writes it (compact, UTF-8, ryu floats)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        # serde_json keeps i64/u64 exact and turns larger integers into f64.
+        if -(2**63) <= value < 2**64:
+            return str(value)
+        return _json_float(float(value))
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, str):
+        return _json_string(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json_string(str(k))}:{json_compact(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(json_compact(v) for v in value) + "]"
+    return _json_string(str(value))
+
+
+def _get(schema: Any, key: str) -> Any:
+    return schema.get(key) if isinstance(schema, dict) else None
+
+
+def _is_enum(schema: Any) -> bool:
+    values = _get(schema, "enum")
+    return isinstance(values, list) and len(values) > 0
+
+
+def _default_text(schema: Any, default: Any) -> str:
+    # A string default is quoted unless the schema is an enum.
+    if isinstance(default, str):
+        return f'"{default}"' if not _is_enum(schema) else default
+    return json_compact(default)
+
+
+def _nullable(variant: Any, type_str: str) -> str:
+    if _get(variant, "nullable") is True and "null" not in type_str:
+        return f"{type_str} | null"
+    return type_str
+
+
+def _variant_comments(variant: Any, skip_description: bool, property_desc: str | None) -> str:
+    comments: list[str] = []
+    desc = _get(variant, "description")
+    if not skip_description and isinstance(desc, str) and desc != property_desc:
+        comments.append(desc)
+    if isinstance(variant, dict) and "default" in variant:
+        comments.append(f"default: {_default_text(variant, variant['default'])}")
+    return f" // {' '.join(comments)}" if comments else ""
+
+
+def schema_to_typescript(schema: Any, indent: str) -> str:
+    """Render one JSON Schema as the TypeScript type the reference would write."""
+    one_of = _get(schema, "oneOf")
+    if isinstance(one_of, list):
+        out = []
+        for variant in one_of:
+            out.append(f"\n{indent} | ")
+            out.append(_nullable(variant, schema_to_typescript(variant, indent + "   ")))
+            out.append(_variant_comments(variant, False, None))
+        return "".join(out)
+    ty = _get(schema, "type")
+    if isinstance(ty, list):
+        names = ["number" if t == "integer" else t for t in ty if isinstance(t, str)]
+        if names:
+            return " | ".join(names)
+    if isinstance(ty, str):
+        if ty == "object":
+            return _object_to_typescript(schema, indent)
+        if ty == "string":
+            values = _get(schema, "enum")
+            if isinstance(values, list):
+                quoted = [f'"{v}"' for v in values if isinstance(v, str)]
+                if quoted:
+                    return " | ".join(quoted)
+            return "string"
+        if ty in ("number", "integer"):
+            return "number"
+        if ty == "boolean":
+            return "boolean"
+        if ty == "array":
+            if isinstance(schema, dict) and "items" in schema:
+                return f"{schema_to_typescript(schema['items'], indent)}[]"
+            return "Array<any>"
+        return "any"
+    if one_of is not None and isinstance(one_of, list):  # pragma: no cover - handled above
+        return "\n | ".join(schema_to_typescript(v, indent) for v in one_of)
+    return "any"
+
+
+def _object_to_typescript(schema: dict[str, Any], indent: str) -> str:
+    out: list[str] = []
+    desc = schema.get("description")
+    if isinstance(desc, str):
+        out.append(f"{indent}// {desc}\n")
+    out.append("{\n")
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        req = schema.get("required")
+        required = {r for r in req if isinstance(r, str)} if isinstance(req, list) else set()
+        for key, val in props.items():
+            out.append(_property_to_typescript(key, val, key in required, indent))
+    out.append(f"{indent}}}")
+    return "".join(out)
+
+
+def _property_to_typescript(key: str, val: Any, required: bool, indent: str) -> str:
+    out: list[str] = []
+    mark = "" if required else "?"
+    title = _get(val, "title")
+    if isinstance(title, str):
+        out.append(f"{indent}// {title}\n{indent}//\n")
+    desc = _get(val, "description")
+    desc_str = desc if isinstance(desc, str) else None
+    has_one_of = isinstance(val, dict) and "oneOf" in val
+    if not has_one_of and desc_str is not None:
+        out.append(f"{indent}// {desc_str}\n")
+    examples = _get(val, "examples")
+    if isinstance(examples, list) and examples:
+        out.append(f"{indent}// Examples:\n")
+        for ex in examples:
+            if isinstance(ex, str):
+                out.append(f'{indent}// - "{ex}"\n')
+    one_of = _get(val, "oneOf")
+    if isinstance(one_of, list):
+        first_desc = _get(one_of[0], "description") if one_of else None
+        above = desc_str is not None and desc_str != first_desc
+        if above:
+            out.append(f"{indent}// {desc_str}\n")
+        if "default" in val:
+            out.append(f"{indent}// default: {_default_text(val, val['default'])}\n")
+        out.append(f"{indent}{key}{mark}:\n")
+        for i, variant in enumerate(one_of):
+            out.append(f"{indent} | ")
+            out.append(_nullable(variant, schema_to_typescript(variant, indent + "   ")))
+            out.append(_variant_comments(variant, i == 0 and above, desc_str))
+            out.append("\n")
+        out.append(f"{indent},\n")
+        return "".join(out)
+    out.append(f"{indent}{key}{mark}: ")
+    out.append(_nullable(val, schema_to_typescript(val, indent + "    ")))
+    out.append(",")
+    if not has_one_of and isinstance(val, dict) and "default" in val:
+        out.append(f" // default: {_default_text(val, val['default'])}")
+    out.append("\n")
+    return "".join(out)
+
+
+def rust_lines(text: str) -> list[str]:
+    """Split like Rust's ``str::lines``: on ``\\n`` or ``\\r\\n``, no empty last line."""
+    pieces = text.split("\n")
+    last = pieces.pop()
+    lines = [p[:-1] if p.endswith("\r") else p for p in pieces]
+    if last:
+        lines.append(last)
+    return lines
+
+
+def tools_section(namespaces: dict[str, Any]) -> str:
+    """The ``# Tools`` section for a map of namespace name -> ToolNamespaceConfig."""
+    sections = ["# Tools"]
+    # The reference keeps namespaces in a BTreeMap: sorted by key.
+    for key in sorted(namespaces):
+        ns = namespaces[key]
+        part = [f"## {ns.name}\n"]
+        if ns.description is not None:
+            for line in rust_lines(ns.description):
+                part.append(f"// {line}" if ns.tools else line)
+        if ns.tools:
+            part.append(f"namespace {ns.name} {{\n")
+            for tool in ns.tools:
+                for line in rust_lines(tool.description):
+                    part.append(f"// {line}")
+                if tool.parameters is not None:
+                    part.append(
+                        f"type {tool.name} = (_: {schema_to_typescript(tool.parameters, '')}) => any;\n"
+                    )
+                else:
+                    part.append(f"type {tool.name} = () => any;\n")
+            part.append(f"}} // namespace {ns.name}")
+        sections.append("\n".join(part))
+    return "\n\n".join(sections)

