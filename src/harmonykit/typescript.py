@@ -14,6 +14,7 @@ n?: number,
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -66,6 +67,57 @@ def _json_float(x: float) -> str:
     return f"{sign}{body}e{e}"
 
 
+_POW10 = [float(f"1e{i}") for i in range(309)]
+_U64_MAX = 2**64 - 1
+
+
+def _serde_f64(significand: int, exponent: int, positive: bool) -> float:
+    # serde_json (without float_roundtrip) scales a u64 significand by a power
+    # of ten in one rounding step, which can be an ulp off the exact value.
+    f = float(significand)
+    while True:
+        if abs(exponent) < len(_POW10):
+            pow10 = _POW10[abs(exponent)]
+            f = f * pow10 if exponent >= 0 else f / pow10
+            break
+        if f == 0.0 or exponent >= 0:
+            break
+        f /= 1e308
+        exponent += 308
+    return f if positive else -f
+
+
+def serde_number(text: str) -> int | float:
+    """The number serde_json reads from a JSON number's text (ints stay exact when they fit)."""
+    positive = not text.startswith("-")
+    digits = text.lstrip("-")
+    mantissa, _, exp_text = digits.replace("E", "e").partition("e")
+    int_part, dot, frac_part = mantissa.partition(".")
+    significand, exponent, overflowed = 0, 0, False
+    for ch in int_part:
+        if overflowed:
+            exponent += 1
+        elif significand * 10 + int(ch) > _U64_MAX:
+            overflowed, exponent = True, exponent + 1
+        else:
+            significand = significand * 10 + int(ch)
+    if not dot and not exp_text and not overflowed:
+        if positive:
+            return significand
+        if significand <= 2**63 and significand != 0:
+            return -significand
+        return -float(significand)
+    for ch in frac_part:
+        if overflowed or significand * 10 + int(ch) > _U64_MAX:
+            overflowed = True
+            continue
+        significand = significand * 10 + int(ch)
+        exponent -= 1
+    if exp_text:
+        exponent += int(exp_text)
+    return _serde_f64(significand, exponent, positive)
+
+
 def json_compact(value: Any) -> str:
     """A JSON value as serde_json's ``Display`` writes it (compact, UTF-8, ryu floats)."""
     if value is None:
@@ -74,13 +126,10 @@ def json_compact(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, int):
-        # serde_json keeps i64/u64 exact and turns larger integers into f64.
-        if -(2**63) <= value < 2**64:
-            return str(value)
-        return _json_float(float(value))
-    if isinstance(value, float):
-        return _json_float(value)
+    if isinstance(value, (int, float)):
+        # The reference hands schemas to Rust as JSON text; print what serde_json read.
+        number = serde_number(json.dumps(value))
+        return str(number) if isinstance(number, int) else _json_float(number)
     if isinstance(value, str):
         return _json_string(value)
     if isinstance(value, dict):
@@ -99,10 +148,14 @@ def _is_enum(schema: Any) -> bool:
     return isinstance(values, list) and len(values) > 0
 
 
-def _default_text(schema: Any, default: Any) -> str:
-    # A string default is quoted unless the schema is an enum.
+def _default_text(schema: Any, default: Any, enum_raw: bool = True) -> str:
+    # A string default is quoted as is, unless the schema is an enum: then it
+    # is bare (or, in a top-level oneOf, printed as JSON), as the reference does.
     if isinstance(default, str):
-        return f'"{default}"' if not _is_enum(schema) else default
+        if not _is_enum(schema):
+            return f'"{default}"'
+        if enum_raw:
+            return default
     return json_compact(default)
 
 
@@ -112,13 +165,15 @@ def _nullable(variant: Any, type_str: str) -> str:
     return type_str
 
 
-def _variant_comments(variant: Any, skip_description: bool, property_desc: str | None) -> str:
+def _variant_comments(
+    variant: Any, skip_description: bool, property_desc: str | None, enum_raw: bool
+) -> str:
     comments: list[str] = []
     desc = _get(variant, "description")
     if not skip_description and isinstance(desc, str) and desc != property_desc:
         comments.append(desc)
     if isinstance(variant, dict) and "default" in variant:
-        comments.append(f"default: {_default_text(variant, variant['default'])}")
+        comments.append(f"default: {_default_text(variant, variant['default'], enum_raw)}")
     return f" // {' '.join(comments)}" if comments else ""
 
 
@@ -130,7 +185,7 @@ def schema_to_typescript(schema: Any, indent: str) -> str:
         for variant in one_of:
             out.append(f"\n{indent} | ")
             out.append(_nullable(variant, schema_to_typescript(variant, indent + "   ")))
-            out.append(_variant_comments(variant, False, None))
+            out.append(_variant_comments(variant, False, None, enum_raw=False))
         return "".join(out)
     ty = _get(schema, "type")
     if isinstance(ty, list):
@@ -206,7 +261,7 @@ def _property_to_typescript(key: str, val: Any, required: bool, indent: str) -> 
         for i, variant in enumerate(one_of):
             out.append(f"{indent} | ")
             out.append(_nullable(variant, schema_to_typescript(variant, indent + "   ")))
-            out.append(_variant_comments(variant, i == 0 and above, desc_str))
+            out.append(_variant_comments(variant, i == 0 and above, desc_str, enum_raw=True))
             out.append("\n")
         out.append(f"{indent},\n")
         return "".join(out)

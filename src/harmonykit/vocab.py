@@ -16,6 +16,7 @@ from __future__ import annotations
 import binascii
 import gzip
 import hashlib
+import importlib.util
 import os
 import tempfile
 import threading
@@ -64,11 +65,14 @@ def _tiktoken_cache_dir() -> Path | None:
 
 
 def _bpe_openai_copy() -> Path | None:
+    # Located without importing bpe_openai: its import loads a large native module.
     try:
-        import bpe_openai.data as data
-    except ImportError:
+        spec = importlib.util.find_spec("bpe_openai")
+    except (ImportError, ValueError):
         return None
-    return Path(data.__file__).parent / (FILENAME + ".gz")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / (FILENAME + ".gz")
 
 
 def candidate_sources() -> list[tuple[str, Path | None, Callable[[Path], bytes]]]:

@@ -1,0 +1,49 @@
+"""Shared fixtures: harmonykit's encoding and the reference's (the test oracle).
+
+The reference reads its vocabulary only from $TIKTOKEN_ENCODINGS_BASE, so the
+gzip copy that bpe-openai ships is decompressed into a temporary folder before
+openai_harmony is first imported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from harmonykit.vocab import candidate_sources
+
+_VOCAB_DIR = tempfile.mkdtemp(prefix="harmonykit-vocab-")
+atexit.register(shutil.rmtree, _VOCAB_DIR, True)
+_bundled = candidate_sources()[-1][1]
+assert _bundled is not None, "bpe-openai is not installed"
+with gzip.open(_bundled) as src:
+    (Path(_VOCAB_DIR) / "o200k_base.tiktoken").write_bytes(src.read())
+os.environ["TIKTOKEN_ENCODINGS_BASE"] = _VOCAB_DIR
+
+import openai_harmony  # noqa: E402
+import pytest  # noqa: E402
+
+import harmonykit  # noqa: E402
+
+# Golden files and wild cases: shared/ beside the checkout when it is there (it
+# may hold newer cases), else the copies under tests/data (Apache-2.0 data).
+DATA = Path(__file__).resolve().parent / "data"
+SHARED = Path(os.environ.get("HARMONYKIT_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+_golden = SHARED / "reference" / "openai-harmony" / "test-data"
+GOLDEN = _golden if _golden.is_dir() else DATA / "golden"
+_cases = SHARED / "cases" / "wild-outputs.jsonl"
+CASES = _cases if _cases.is_file() else DATA / "wild-outputs.jsonl"
+
+
+@pytest.fixture(scope="session")
+def enc() -> harmonykit.HarmonyEncoding:
+    return harmonykit.load_harmony_encoding(harmonykit.HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@pytest.fixture(scope="session")
+def ref() -> openai_harmony.HarmonyEncoding:
+    return openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
