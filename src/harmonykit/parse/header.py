@@ -79,6 +79,28 @@ def rust_trim(s: str) -> str:
     return s[i:j]
 
 
+# Blocks added in Unicode 15.0-16.0: unassigned for this Python's unicodedata,
+# printable for the Rust that built the reference.
+_NEWER_BLOCKS = (
+    (0x105C0, 0x105FF), (0x10D40, 0x10D8F), (0x10EC0, 0x10EFF), (0x11380, 0x113FF),
+    (0x116D0, 0x116FF), (0x11B00, 0x11B5F), (0x11BC0, 0x11BFF), (0x11F00, 0x11F5F),
+    (0x13460, 0x143FF), (0x16100, 0x1613F), (0x16D40, 0x16D7F), (0x1CC00, 0x1CEBF),
+    (0x1D2C0, 0x1D2DF), (0x1E030, 0x1E08F), (0x1E4D0, 0x1E4FF), (0x1E5D0, 0x1E5FF),
+    (0x2EBF0, 0x2EE5F), (0x31350, 0x323AF),
+)
+
+
+def _rust_escapes(ch: str) -> bool:
+    """Whether Rust's ``{:?}`` escapes ``ch`` (not printable, or grapheme-extending)."""
+    cat = unicodedata.category(ch)
+    if cat in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp", "Zs", "Mn", "Me") or ch in "\uff9e\uff9f":
+        return True
+    if cat == "Cn":
+        cp = ord(ch)
+        return not any(lo <= cp <= hi for lo, hi in _NEWER_BLOCKS)
+    return False
+
+
 def rust_debug(s: str) -> str:
     """A string as Rust's ``{:?}`` prints it."""
     out = ['"']
@@ -95,7 +117,7 @@ def rust_debug(s: str) -> str:
             out.append("\\t")
         elif ch == "\0":
             out.append("\\0")
-        elif ch != " " and unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"):
+        elif ch != " " and _rust_escapes(ch):
             out.append(f"\\u{{{ord(ch):x}}}")
         else:
             out.append(ch)
@@ -143,7 +165,9 @@ def parse_reference(
         last = parts.pop()
         if last.startswith("to="):
             recipient = last[3:]
-        elif n == 1 and not last.startswith(CONSTRAIN_MARKER):
+        elif n == 1:
+            # 0.0.8 reads a lone part as the recipient, even <|constrain|>json
+            # (garbage: strict mode raises on it, tolerant mode repairs it).
             recipient = last
         else:
             content_type = last
@@ -353,13 +377,21 @@ def resolve(
         role = default_role
         rep("missing_role", 0, 0, f"header has no role; {default_role.value} assumed")
     else:
+        if first.text.startswith(CONSTRAIN_MARKER) and len(first.text) > len(CONSTRAIN_MARKER):
+            # <|constrain|> before the role: the marker is junk, the rest may be the role.
+            rep("unknown_header_word", first.start, first.start + len(CONSTRAIN_MARKER),
+                "<|constrain|> before the role removed")
+            first.start += len(CONSTRAIN_MARKER)
+            first.text = first.text[len(CONSTRAIN_MARKER) :]
         exact = _ROLES.get(first.text)
         nxt = words[1] if len(words) > 1 else None
         if exact is not None:
             role, first.used = exact, True
         elif _take_role_word(first, None, channel_candidates, rep):
             role = _ROLES[re.match(r"(user|assistant|system|developer)", first.text).group()]  # type: ignore[union-attr]
-        elif "." in first.text or (nxt is not None and nxt.text.startswith("to=")):
+        elif "<|" not in first.text and (
+            "." in first.text or (nxt is not None and nxt.text.startswith("to="))
+        ):
             role, name, first.used = Role.TOOL, first.text, True
         else:
             role = default_role
@@ -378,7 +410,9 @@ def resolve(
         w.used = True
         value, end = w.text[3:], w.end
         j = i + 1
-        if not value and j < len(words) and not words[j].used:
+        if not value and j < len(words) and not words[j].used \
+                and words[j].section == w.section \
+                and not words[j].text.startswith((CONSTRAIN_MARKER, "to=")):
             value, end = words[j].text, words[j].end
             words[j].used = True
             j += 1
@@ -400,7 +434,8 @@ def resolve(
         w.used = True
         value, end = w.text, w.end
         if value == CONSTRAIN_MARKER and i + 1 < len(words) and not words[i + 1].used \
-                and words[i + 1].section == w.section:
+                and words[i + 1].section == w.section \
+                and not words[i + 1].text.startswith(CONSTRAIN_MARKER):
             value, end = value + words[i + 1].text, words[i + 1].end
             words[i + 1].used = True
         content_types.append((value, w.start, end))

@@ -190,14 +190,24 @@ class Machine:
         """Consume a run of ordinary text tokens at once (same result as one by one)."""
         if not run:
             return
-        index = len(self.tokens)
+        if self.state is S.CONTENT and not self._poisoned:
+            data = self._decode_run(run)
+            try:
+                text = (bytes(self.pending) + data).decode("utf-8")
+            except UnicodeDecodeError:
+                # Bad or split UTF-8: token by token, so repairs point at the right token.
+                for token in run:
+                    self.feed(token)
+                return
+            self.tokens += run
+            self.pending.clear()
+            self.parts.append(text)
+            self.last_delta = text
+            return
         if self.state is S.CONTENT:
             self.tokens += run
-            if self._poisoned:
-                self._poisoned += run
-                self.last_delta = None
-                return
-            self._body_bytes(self._decode_run(run), index)
+            self._poisoned += run
+            self.last_delta = None
             return
         if self.state is S.HEADER:
             self.tokens += run
@@ -218,7 +228,7 @@ class Machine:
                     "Unexpected EOS while waiting for message header to complete",
                     token_index=index,
                 )
-            self.open_at_end = bool(self.header_tokens) and not self._weak
+            self.open_at_end = not self._weak and (bool(self.header_tokens) or self._cursor < index)
             self._close_header_without_body(index, terminated=False)
         elif self.state is S.CONTENT:
             self.open_at_end = True
@@ -386,6 +396,8 @@ class Machine:
         if not tokens:
             if terminated:
                 self._skip(end, "stray_stop_token", "stop token with no message before it")
+            else:
+                self._skip(end, "empty_message", "<|start|> with no header after it")
             return
         if self._weak and not terminated:
             self._skip(end, "stray_text", "text outside any message")
