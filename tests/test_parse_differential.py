@@ -8,10 +8,10 @@ from typing import Any
 import openai_harmony
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import assistant_turns
 
 import harmonykit as hk
 from harmonykit.parse.header import has_control_text, parse_reference  # noqa: F401
+from strategies import assistant_turns
 
 SETTINGS = settings(max_examples=400, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import openai_harmony
 import pytest
-from conftest import GOLDEN
-from scenarios import SCENARIOS, render
 
 import harmonykit
+from conftest import GOLDEN
+from scenarios import SCENARIOS, render
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -6,7 +6,8 @@ import functools
 import re
 import threading
 from collections.abc import Collection, Iterable, Sequence
-from typing import AbstractSet, Literal
+from collections.abc import Set as AbstractSet
+from typing import Literal
 
 import tiktoken
 
@@ -93,7 +94,7 @@ class HarmonyEncoding:
         self,
         text: str,
         *,
-        allowed_special: Literal["all"] | AbstractSet[str] = set(),  # noqa: B006 - the reference's signature
+        allowed_special: Literal["all"] | AbstractSet[str] = set(),
         disallowed_special: Literal["all"] | Collection[str] = "all",
     ) -> list[int]:
         """Encode text; special-token text raises unless allowed (tiktoken's rules).

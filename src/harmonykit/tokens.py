@@ -6,7 +6,9 @@ other.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
+
+StopName = Literal["return", "call", "end"]
 
 START: Final = 200006
 END: Final = 200007
@@ -57,4 +59,4 @@ STOP_TOKENS_FOR_ASSISTANT_ACTIONS: Final = (CALL, RETURN)
 STOP_TOKEN_SET: Final = frozenset(STOP_TOKENS)
 
 #: The word for each stop token in `ParseResult.stop`.
-STOP_NAMES: Final = {RETURN: "return", CALL: "call", END: "end"}
+STOP_NAMES: Final[dict[int, StopName]] = {RETURN: "return", CALL: "call", END: "end"}

@@ -122,7 +122,7 @@ def read_vocabulary() -> bytes:
 def parse_ranks(data: bytes) -> dict[bytes, int]:
     """Parse a ``.tiktoken`` file: one ``base64(token) rank`` pair a line."""
     parts = data.split()
-    return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
+    return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2]), strict=True))
 
 
 _lock = threading.Lock()

@@ -293,6 +293,7 @@ class Resolution:
     leftover: str = ""
     leftover_end: int = 0  # char offset just past the last leftover word
     leftover_start: int = 0
+    fields_start: int = 0  # char offset of the first recipient or content type
     repairs: list[Repair] = field(default_factory=list)
 
 
@@ -335,6 +336,11 @@ def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
         channels.append((idx, value_end, text[after:value_end]))
         pos = value_end
     return words, channels
+
+
+def junk_channel_word(word: str) -> bool:
+    """A channel name wrapped in junk (``––commentary``, ``final?``), not a plain word."""
+    return re.sub(r"[^a-z]", "", word) in KNOWN_CHANNELS and bool(re.sub(r"[a-z]", "", word))
 
 
 def _repair_channel(value: str) -> str | None:
@@ -446,12 +452,15 @@ def resolve(
             last.used = True
             content_types.append((last.text, last.start, last.end))
 
-    # Unknown words that are channel names with junk around them (––commentary).
+    # Unknown words that are channel names with junk around them (––commentary):
+    # the channel when the header has none, else set aside.
     for w in words:
-        if not w.used and re.sub(r"[^a-z]", "", w.text) in KNOWN_CHANNELS and \
-                re.sub(r"[a-z]", "", w.text) and with_body:
+        if not w.used and with_body and junk_channel_word(w.text):
             w.used = True
-            channel_candidates.append((w.text, w.start, w.end))
+            if any(value for value, _, _ in channel_candidates):
+                rep("unknown_header_word", w.start, w.end, f"stray channel word {w.text!r} set aside")
+            else:
+                channel_candidates.append((w.text, w.start, w.end))
 
     channel = _pick_channel(channel_candidates, rep)
     recipient = _pick_recipient(recipients, tools, rep)
@@ -491,6 +500,7 @@ def resolve(
     if leftover_words:
         res.leftover_start = leftover_words[0].start
         res.leftover_end = leftover_words[-1].end
+    res.fields_start = min([s for _, s, _ in recipients + content_types], default=len(text))
     return res
 
 
@@ -604,7 +614,7 @@ def split_stripped_markup(text: str) -> list[tuple[str, str, int, int]] | None:
     pieces: list[tuple[str, str, int, int]] = []
     starts = [m.start(1)] + [x.end() for x in _STRIPPED_SPLIT.finditer(text)]
     cuts = [x.start() for x in _STRIPPED_SPLIT.finditer(text)] + [len(text)]
-    for start, end in zip(starts, cuts):
+    for start, end in zip(starts, cuts, strict=True):
         seg = text[start:end]
         channel = next(c for c in KNOWN_CHANNELS if seg.startswith(c))
         pieces.append((channel, seg[len(channel) :].strip(), start, end))

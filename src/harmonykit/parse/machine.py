@@ -23,6 +23,7 @@ from ..model import Author, Message, Role, StreamState, TextContent
 from ..tokens import (
     CALL,
     CHANNEL,
+    CHANNEL_MARKER,
     CONSTRAIN,
     END,
     MESSAGE,
@@ -32,18 +33,20 @@ from ..tokens import (
     START,
     STARTOFTEXT,
     STOP_NAMES,
+    StopName,
 )
 from .header import (
     Header,
     HeaderError,
     decode_header,
     has_control_text,
+    junk_channel_word,
     parse_reference,
     resolve,
     rust_debug,
     split_stripped_markup,
 )
-from .result import ParseResult, Repair, StopName
+from .result import ParseResult, Repair
 
 REPLACEMENT: Final = "\ufffd"
 
@@ -318,10 +321,10 @@ class Machine:
             )
         bad = has_control_text(header)
         if bad is not None:
-            where = next(
-                (start + k for k, t in enumerate(self.header_tokens) if SPECIAL_TOKEN_NAMES.get(t) == bad),
-                index,
-            )
+            hits = [start + k for k, t in enumerate(self.header_tokens) if SPECIAL_TOKEN_NAMES.get(t) == bad]
+            if bad == CHANNEL_MARKER:
+                hits = hits[1:]  # the first <|channel|> is the header's own
+            where = hits[0] if hits else index
             raise HarmonyError(
                 f"control token {bad} inside the message header; a header may hold only "
                 "role, recipient, channel and content type",
@@ -349,7 +352,9 @@ class Machine:
                 pass
             else:
                 if remaining is None and has_control_text(header) is None and (
-                    not self.tools or header.recipient is None or _declared(header.recipient, self.tools)
+                    header.recipient is None or (
+                        not junk_channel_word(header.recipient)
+                        and (not self.tools or _declared(header.recipient, self.tools)))
                 ):
                     return header
         res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
@@ -357,14 +362,14 @@ class Machine:
         prose = res.leftover.strip()
         if prose and len(prose.split()) >= 3:
             split = ht.token_at(res.leftover_end)
-            if ht.token_at(res.leftover_start) == start and start < split < index:
-                # Free text leads the header: a message of its own, before this one.
+            if res.leftover_end <= res.fields_start and start < split < index:
+                # Free text before the recipient: a message of its own, before this one.
                 self._emit(
                     Header(res.header.role, res.header.name, None, res.header.channel, None),
                     prose, split,
                 )
                 self.repairs.append(Repair("prose_in_header", start, split,
-                                           "text before the header fields became a message"))
+                                           "text in the header became a message of its own"))
             else:
                 res.repairs.append(Repair("prose_in_header", start, index,
                                           f"text in the header set aside: {prose!r}"))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ..model import Message
-
-StopName = Literal["return", "call", "end"]
+from ..tokens import StopName
 
 
 @dataclass(frozen=True)

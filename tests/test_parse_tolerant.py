@@ -1,0 +1,197 @@
+"""Tolerant mode on malformed output: each failure class, and the wild cases, at the message level."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import harmonykit as hk
+from conftest import CASES
+
+WILD = [json.loads(line) for line in CASES.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def parse(enc: hk.HarmonyEncoding, text: str, tools: list[str] | None = None,
+          role: hk.Role | None = hk.Role.ASSISTANT) -> hk.ParseResult:
+    return enc.parse_completion(enc.encode(text, allowed_special="all"), role, tools=tools)
+
+
+def shape(result: hk.ParseResult) -> list[tuple[str | None, str | None, str | None, str]]:
+    return [(m.channel, m.recipient, m.content_type, m.content[0].text) for m in result.messages]  # type: ignore[union-attr]
+
+
+def assert_accounted(result: hk.ParseResult, n: int) -> None:
+    pos = 0
+    for start, end in sorted(result.spans + result.skipped):
+        assert start == pos and end > start
+        pos = end
+    assert pos == n
+    for start, end in result.skipped:
+        assert any((r.start, r.end) == (start, end) for r in result.repairs)
+    assert all(r.kind in hk.REPAIR_KINDS for r in result.repairs)
+
+
+# (text, tools, expected messages, repair kinds that must be reported)
+CLASSES: list[tuple[str, list[str] | None, list[tuple[Any, ...]], set[str]]] = [
+    # header with no <|message|>: its text becomes the body, channel kept
+    ('<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final {"a": 1}<|return|>', None,
+     [("analysis", None, None, "x"), ("final", None, None, '{"a": 1}')], {"missing_message_token"}),
+    # prose in place of a header (prefilled role, nothing else)
+    ("Just an answer, no markup.", None, [(None, None, None, "Just an answer, no markup.")],
+     {"missing_message_token"}),
+    # recipient with spaces, with and without declared tools
+    ("<|channel|>commentary to=Get Intersection Layout<|message|>{}<|call|>", ["Get Intersection Layout"],
+     [("commentary", "Get Intersection Layout", None, "{}")], {"recipient_with_spaces"}),
+    ("<|channel|>commentary to=Get Intersection Layout<|message|>{}<|call|>", None,
+     [("commentary", "Get Intersection Layout", None, "{}")], {"recipient_with_spaces"}),
+    # unknown header words
+    ("<|channel|>final ––commentary<|message|>Hi<|return|>", None,
+     [("final", None, None, "Hi")], {"unknown_header_word"}),
+    ("<|start|>assistant ––commentary<|message|>Hi<|end|>", None,
+     [("commentary", None, None, "Hi")], {"channel_repaired", "doubled_start"}),
+    # recipient given twice, channel given twice
+    ("<|start|>assistant to=functions.f<|channel|>commentary to=functions.f<|message|>{}<|call|>", ["f"],
+     [("commentary", "functions.f", None, "{}")], {"duplicate_recipient", "doubled_start"}),
+    ("<|channel|>analysis<|channel|>final<|message|>Hi<|return|>", None,
+     [("final", None, None, "Hi")], {"duplicate_channel"}),
+    # control tokens leaking into recipient / channel / content type
+    ("<|channel|>commentary to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>", ["f"],
+     [("commentary", "functions.f", "<|constrain|>json", "{}")], {"duplicate_channel"}),
+    ("<|channel|>final<|reserved_200014|><|message|>Hi<|return|>", None,
+     [("final", None, None, "Hi")], {"control_token_in_header"}),
+    ("<|channel|>final <|constrain|>json<|message|>{}<|return|>", None,
+     [("final", None, "<|constrain|>json", "{}")], set()),
+    # content type glued to the name
+    ("<|channel|>commentary to=functions.shelljson<|message|>{}<|call|>", ["shell"],
+     [("commentary", "functions.shell", "json", "{}")], {"content_type_glued"}),
+    # empty channel
+    ("<|channel|><|message|>Hi<|return|>", None, [("final", None, None, "Hi")], {"empty_channel"}),
+    # missing <|start|> between messages
+    ("<|channel|>analysis<|message|>a<|end|><|channel|>final<|message|>b<|return|>", None,
+     [("analysis", None, None, "a"), ("final", None, None, "b")], {"missing_start"}),
+    # doubled <|start|>, doubled role word
+    ("<|channel|>analysis<|message|>a<|end|><|start|><|start|>assistant<|channel|>final<|message|>b<|return|>",
+     None, [("analysis", None, None, "a"), ("final", None, None, "b")], {"doubled_start"}),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistantassistant<|channel|>final<|message|>b<|return|>",
+     None, [("analysis", None, None, "a"), ("final", None, None, "b")], {"doubled_role"}),
+    # stray text before, between, after messages
+    ("<|channel|>analysis<|message|>a<|end|> 364 <|start|>assistant<|channel|>final<|message|>b<|return|> bye",
+     None, [("analysis", None, None, "a"), ("final", None, None, "b")], {"stray_text"}),
+    ("<|start|>junk<|start|>assistant<|channel|>final<|message|>b<|return|>", None,
+     [(None, None, None, "junk"), ("final", None, None, "b")], {"missing_message_token"}),
+    # stop tokens in each other's place, doubled or stray
+    ("<|channel|>final<|message|>b<|end|><|return|><|call|>", None, [("final", None, None, "b")],
+     {"stray_stop_token"}),
+    ("<|channel|>commentary to=functions.f<|message|>{}<|return|>", ["f"],
+     [("commentary", "functions.f", None, "{}")], {"wrong_stop_token"}),
+    ("<|channel|>final<|message|>b<|call|>", None, [("final", None, None, "b")], {"wrong_stop_token"}),
+    # a new header inside a body
+    ("<|channel|>analysis<|message|>think<|start|>assistant<|channel|>final<|message|>b<|return|>", None,
+     [("analysis", None, None, "think"), ("final", None, None, "b")], {"header_inside_body"}),
+    ("<|channel|>final<|message|><|channel|>commentary to=functions.X<|message|>{}<|call|>", ["X"],
+     [("commentary", "functions.X", None, "{}")], {"empty_message", "missing_start"}),
+    # tool calls on the analysis channel, with content type code (kept as the model wrote them)
+    ("<|channel|>analysis to=functions.f code<|message|>ls<|call|>", ["f"],
+     [("analysis", "functions.f", "code", "ls")], set()),
+    # control tokens inside a body are dropped, not shown
+    ("<|channel|>final<|message|>a<|constrain|>b<|endoftext|>c<|return|>", None,
+     [("final", None, None, "abc")], {"control_token_in_body"}),
+    # stripped special tokens
+    ("analysisthinking hardassistantfinalThe answer", None,
+     [("analysis", None, None, "thinking hard"), ("final", None, None, "The answer")], {"stripped_markup"}),
+]
+
+
+@pytest.mark.parametrize(("text", "tools", "expected", "kinds"), CLASSES)
+def test_failure_classes(enc: hk.HarmonyEncoding, text: str, tools: list[str] | None,
+                         expected: list[tuple[Any, ...]], kinds: set[str]) -> None:
+    result = parse(enc, text, tools)
+    assert shape(result) == expected
+    assert kinds <= {r.kind for r in result.repairs}
+    assert_accounted(result, len(enc.encode(text, allowed_special="all")))
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "complete"),
+    [
+        ("<|channel|>final<|message|>Hi<|return|>", "return", True),
+        ("<|channel|>final<|message|>Hi", None, False),
+        ("<|channel|>fin", None, False),
+        ("<|channel|>commentary to=functions.f<|message|>{}<|call|>", "call", True),
+        ("<|channel|>final<|message|>Hi<|end|>", "end", True),
+        ("", None, True),
+    ],
+)
+def test_stop_and_complete(enc: hk.HarmonyEncoding, text: str, stop: str | None, complete: bool) -> None:
+    result = parse(enc, text)
+    assert (result.stop, result.complete) == (stop, complete)
+
+
+@pytest.mark.parametrize("cut", range(1, 12))
+def test_truncation_anywhere(enc: hk.HarmonyEncoding, cut: int) -> None:
+    text = "<|channel|>analysis<|message|>Think 😊<|end|><|start|>assistant<|channel|>final<|message|>Héllo"
+    tokens = enc.encode(text, allowed_special="all")
+    for n in range(len(tokens) + 1):
+        bytes_cut = tokens[:n]
+        result = enc.parse_completion(bytes_cut)
+        assert_accounted(result, n)
+    # Cut inside a multi-byte character: the character becomes U+FFFD, with a repair.
+    emoji = enc.encode("😊")
+    if len(emoji) > 1:
+        result = enc.parse_completion(enc.encode("<|channel|>final<|message|>", allowed_special="all") + emoji[:1])
+        assert result.messages[0].content[0].text.endswith("\ufffd")  # type: ignore[union-attr]
+        assert "invalid_utf8" in {r.kind for r in result.repairs}
+
+
+@pytest.mark.parametrize("ids", [[-1], [2**40], [201089, 5], [200008, 9999999, 200007]])
+def test_any_ints_never_raise(enc: hk.HarmonyEncoding, ids: list[int]) -> None:
+    for role in (hk.Role.ASSISTANT, None):
+        result = enc.parse_completion(ids, role)
+        assert_accounted(result, len(ids))
+
+
+@pytest.mark.parametrize("case", WILD, ids=[c["id"] for c in WILD])
+def test_wild_outputs_parse_cleanly(enc: hk.HarmonyEncoding, case: dict[str, Any]) -> None:
+    tools = [t["function"]["name"] for t in case.get("request", {}).get("tools", [])] or None
+    tokens = enc.encode(case["text"], allowed_special="all")
+    result = enc.parse_completion(tokens, tools=tools)
+    assert_accounted(result, len(tokens))
+    for m in result.messages:
+        text = m.content[0].text  # type: ignore[union-attr]
+        assert "<|" not in text
+        for field in (m.author.name, m.recipient, m.channel):
+            assert not field or "<|" not in field
+    # Every word of the output is somewhere a caller can see it.
+    expect = case["expect"]
+    if "any_text_contains" in expect:
+        assert any(expect["any_text_contains"] in m.content[0].text for m in result.messages)  # type: ignore[union-attr]
+    for recipient in expect.get("recipients_include", []):
+        assert recipient in [m.recipient for m in result.messages]
+    if expect.get("reasoning"):
+        assert expect["reasoning"] in [m.content[0].text for m in result.messages if m.channel == "analysis"]  # type: ignore[union-attr]
+    for call in expect.get("tool_calls", []):
+        names = [m.recipient for m in result.messages]
+        assert call["name"] in names or f"functions.{call['name']}" in names
+
+
+WILD_MESSAGES = {
+    "wild-012": [("analysis", None, None, "The user greets. Respond."), ("final", None, None, "Hi there!")],
+    "wild-018": [("analysis", None, None, "need most recent U.S. CPI release and its MoM value. As of Jan "
+                  "2026, the most recent CPI release would be for December 2025. According to BLS: CPI "
+                  "increased 0.3 percent on a seasonally adjusted basis in December. Provide citations. Need "
+                  "to open the page to capture snippet. Let's open"),
+                 ("analysis", "browser.open", "code", '{"id": 0}')],
+    "wild-019": [("commentary", None, None, "edit file with content."),
+                 ("commentary", "functions.write", "<|constrain|>json", '{"path":"notes.txt","content":"hello"}')],
+    "wild-022": [("analysis", None, None, "Think."), ("final", None, None, "Answer")],
+    "wild-027": [("commentary", "functions.shell", "json", '{"command":["ls","-la"]}')],
+}
+
+
+@pytest.mark.parametrize("case_id", sorted(WILD_MESSAGES))
+def test_wild_messages(enc: hk.HarmonyEncoding, case_id: str) -> None:
+    case = next(c for c in WILD if c["id"] == case_id)
+    tools = [t["function"]["name"] for t in case.get("request", {}).get("tools", [])] or None
+    assert shape(parse(enc, case["text"], tools)) == WILD_MESSAGES[case_id]
