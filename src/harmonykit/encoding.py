@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -210,18 +210,18 @@ class HarmonyEncoding:
 
     # -- parsing ---------------------------------------------------------------
 
+    def _machine_io(
+        self,
+    ) -> tuple[Callable[[int], bytes], dict[int, str], Callable[[Sequence[int]], bytes],
+               Callable[[str], list[int]]]:
+        """What the parser needs of the vocabulary: token bytes, their text, run decoding, encoding."""
+        return self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._bpe.encode_ordinary
+
     def _machine(
         self, role: Role | None, *, strict: bool, tools: Iterable[str] | None = None
     ) -> Machine:
-        return Machine(
-            self._token_bytes,
-            self._str_cache,
-            self._bpe.decode_bytes,
-            self._bpe.encode_ordinary,
-            role,
-            strict=strict,
-            tools=frozenset(tools) if tools is not None else None,
-        )
+        return Machine(*self._machine_io(), role, strict=strict,
+                       tools=frozenset(tools) if tools is not None else None)
 
     def _run(self, machine: Machine, tokens: Iterable[int]) -> None:
         toks = tokens if isinstance(tokens, list) else list(tokens)
@@ -249,7 +249,7 @@ class HarmonyEncoding:
         """
         machine = self._machine(role, strict=strict)
         self._run(machine, tokens)
-        return machine.messages
+        return machine._messages
 
     def parse_completion(
         self,

@@ -120,9 +120,13 @@ def read_vocabulary() -> bytes:
 
 
 def parse_ranks(data: bytes) -> dict[bytes, int]:
-    """Parse a ``.tiktoken`` file: one ``base64(token) rank`` pair a line."""
-    parts = data.split()
-    return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2]), strict=True))
+    """Parse a ``.tiktoken`` file: one ``base64(token) rank`` pair a line.
+
+    The ranks of the hash-checked o200k_base file run 0, 1, 2, ... in line
+    order, so they are counted rather than parsed (a third of the load time).
+    """
+    tokens = data.split()[0::2]
+    return dict(zip(map(binascii.a2b_base64, tokens), range(len(tokens)), strict=False))
 
 
 _lock = threading.Lock()

@@ -11,6 +11,7 @@ Two readings of a header live here and nowhere else:
 
 from __future__ import annotations
 
+import codecs
 import re
 import unicodedata
 from bisect import bisect_right
@@ -221,59 +222,68 @@ class HeaderText:
 def decode_header(
     tokens: Sequence[int], first: int, token_bytes: Callable[[int], bytes | None]
 ) -> HeaderText:
-    """Decode header tokens, setting aside control tokens and marking bad bytes."""
+    """Decode header tokens, setting aside control tokens and marking bad bytes.
+
+    Linear in the number of tokens: each token's bytes go once through an
+    incremental decoder, which also gives the character where each token starts.
+    """
     parts: list[str] = []
     repairs: list[Repair] = []
     char_starts: list[int] = []
     indices: list[int] = []
-    buf = bytearray()
-    buf_tokens: list[tuple[int, int]] = []  # (token index, byte offset in buf)
     length = 0
     has_special = False
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    run_start: int | None = None  # first token of the current run of text
+    run_bytes: list[bytes] = []
 
     def flush() -> None:
-        nonlocal length
-        if not buf_tokens:
+        nonlocal length, run_start
+        if run_start is None:
             return
-        raw = bytes(buf)
-        text = raw.decode("utf-8", "replace")
-        if "\ufffd" in text and "\ufffd" not in raw.decode("utf-8", "ignore"):
-            repairs.append(
-                Repair("invalid_utf8", buf_tokens[0][0], buf_tokens[-1][0] + 1,
-                       "header bytes that are not UTF-8 were replaced by U+FFFD")
-            )
-        for index, offset in buf_tokens:
-            char_starts.append(length + len(raw[:offset].decode("utf-8", "ignore")))
-            indices.append(index)
-        parts.append(text)
-        length += len(text)
-        buf.clear()
-        buf_tokens.clear()
+        tail = decoder.decode(b"", final=True)
+        parts.append(tail)
+        length += len(tail)
+        decoder.reset()
+        try:
+            b"".join(run_bytes).decode("utf-8")
+        except UnicodeDecodeError:
+            repairs.append(Repair("invalid_utf8", run_start, index_end,
+                                  "header bytes that are not UTF-8 were replaced by U+FFFD"))
+        run_start = None
+        run_bytes.clear()
 
+    index_end = first
     for k, tok in enumerate(tokens):
         index = first + k
         data = token_bytes(tok) if 0 <= tok < STARTOFTEXT else None
         if data is not None:
-            buf_tokens.append((index, len(buf)))
-            buf += data
+            if run_start is None:
+                run_start = index
+            char_starts.append(length)
+            indices.append(index)
+            text = decoder.decode(data)
+            parts.append(text)
+            length += len(text)
+            run_bytes.append(data)
+            index_end = index + 1
             continue
         flush()
+        has_special = True
         if tok == CHANNEL or tok == CONSTRAIN:
             marker = SPECIAL_TOKEN_NAMES[tok]
             char_starts.append(length)
             indices.append(index)
             parts.append(marker)
             length += len(marker)
-            has_special = True
         else:
-            has_special = True
             what = SPECIAL_TOKEN_NAMES.get(tok, f"invalid token id {tok}")
             repairs.append(
                 Repair("control_token_in_header", index, index + 1, f"{what} removed from a header")
             )
     flush()
-    return HeaderText("".join(parts), first, first + len(tokens), has_special, repairs,
-                      char_starts, indices)
+    text = "".join(parts)
+    return HeaderText(text, first, first + len(tokens), has_special, repairs, char_starts, indices)
 
 
 @dataclass
@@ -422,7 +432,7 @@ def resolve(
             value, end = words[j].text, words[j].end
             words[j].used = True
             j += 1
-        extra = _spaced_name(words, j, value, tools)
+        extra = _spaced_name(words, j, w.section, value, tools)
         if extra:
             for k in range(j, j + extra):
                 words[k].used = True
@@ -529,11 +539,13 @@ def _take_role_word(
     return False
 
 
-def _spaced_name(words: list[_Word], j: int, value: str, tools: frozenset[str] | None) -> int:
+def _spaced_name(
+    words: list[_Word], j: int, section: int, value: str, tools: frozenset[str] | None
+) -> int:
     """How many words after ``to=value`` belong to a recipient name with spaces."""
     run = []
     for w in words[j:]:
-        if w.used or w.section != words[j].section or w.text.startswith(("to=", CONSTRAIN_MARKER)):
+        if w.used or w.section != section or w.text.startswith(("to=", CONSTRAIN_MARKER)):
             break
         run.append(w.text)
     if tools:

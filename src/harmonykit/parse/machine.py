@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Final
 
+from typing_extensions import Self
+
 from ..errors import HarmonyError
 from ..model import Author, Message, Role, StreamState, TextContent
 from ..tokens import (
@@ -149,15 +151,16 @@ class Machine:
         self._default_role = role or Role.ASSISTANT
         self.next_role: Role | None = role
         self.state: StreamState = S.HEADER if role is not None else S.EXPECT_START
-        self.tokens: list[int] = []
-        self.messages: list[Message] = []
+        self._tokens: list[int] = []
+        self._messages: list[Message] = []
         self.spans: list[tuple[int, int]] = []
         self.skipped: list[tuple[int, int]] = []
         self.repairs: list[Repair] = []
         self.stop: StopName | None = None
         self.ended = False
+        self._plain_body = False
         self.open_at_end = False
-        self.last_delta: str | None = None
+        self.last_content_delta: str | None = None
         # The message being read.
         self._cursor = 0  # first token not yet in a span or skipped range
         self.header_tokens: list[int] = []
@@ -171,28 +174,34 @@ class Machine:
 
     # -- feeding ---------------------------------------------------------
 
-    def feed(self, token: int) -> None:
+    def feed(self, token: int) -> Self:
         """Consume one token."""
         # The hot path: an ordinary token inside a body that decodes on its own.
-        if self.state is S.CONTENT and 0 <= token < STARTOFTEXT and not self.pending \
-                and not self._poisoned:
+        # (`_plain_body`: in a body, with no pending bytes and no undecodable token.)
+        if self._plain_body and 0 <= token < 199998:
             s = self._str_cache.get(token)
             if s is None:
                 s = self._fill_str(token)
             if s:
-                self.tokens.append(token)
+                self._tokens.append(token)
                 self.parts.append(s)
-                self.last_delta = s
-                return
-        index = len(self.tokens)
-        self.tokens.append(token)
+                self.last_content_delta = s
+                return self
+        index = len(self._tokens)
+        self._tokens.append(token)
         action = self._table[self.state][kind_of(token)]
         getattr(self, "_" + action)(token, index)
+        self._plain_body = self.state is S.CONTENT and not self.pending and not self._poisoned
+        return self
 
     def feed_text(self, run: Sequence[int]) -> None:
         """Consume a run of ordinary text tokens at once (same result as one by one)."""
         if not run:
             return
+        self._feed_text(run)
+        self._plain_body = self.state is S.CONTENT and not self.pending and not self._poisoned
+
+    def _feed_text(self, run: Sequence[int]) -> None:
         if self.state is S.CONTENT and not self._poisoned:
             data = self._decode_run(run)
             try:
@@ -202,29 +211,29 @@ class Machine:
                 for token in run:
                     self.feed(token)
                 return
-            self.tokens += run
+            self._tokens += run
             self.pending.clear()
             self.parts.append(text)
-            self.last_delta = text
+            self.last_content_delta = text
             return
         if self.state is S.CONTENT:
-            self.tokens += run
+            self._tokens += run
             self._poisoned += run
-            self.last_delta = None
+            self.last_content_delta = None
             return
         if self.state is S.HEADER:
-            self.tokens += run
+            self._tokens += run
             self.header_tokens += run
             return
         # Between messages: the first token decides, the rest follows as header text.
         self.feed(run[0])
-        self.feed_text(run[1:])
+        self._feed_text(run[1:])
 
-    def end(self) -> None:
+    def end(self) -> Self:
         """The end of the stream."""
         if self.ended:
-            return
-        index = len(self.tokens)
+            return self
+        index = len(self._tokens)
         if self.state is S.HEADER:
             if self.strict:
                 raise HarmonyError(
@@ -239,6 +248,8 @@ class Machine:
         if self.open_at_end:
             self.stop = None
         self.ended = True
+        self._plain_body = False
+        return self
 
     # -- between messages --------------------------------------------------
 
@@ -441,7 +452,7 @@ class Machine:
     def _body_text(self, token: int, index: int) -> None:
         if self._poisoned:
             self._poisoned.append(token)
-            self.last_delta = None
+            self.last_content_delta = None
             return
         if 0 <= token < STARTOFTEXT:
             data = self._token_bytes(token)
@@ -472,16 +483,16 @@ class Machine:
         text = "".join(delta)
         if text:
             self.parts.append(text)
-            self.last_delta = text
+            self.last_content_delta = text
         else:
-            self.last_delta = None
+            self.last_content_delta = None
 
     def _body_invalid(self, token: int, index: int) -> None:
         if self.strict:
             # The reference keeps an undecodable token and everything after it
             # pending, and ends the message with one U+FFFD.
             self._poisoned.append(token)
-            self.last_delta = None
+            self.last_content_delta = None
             return
         self.repairs.append(Repair("invalid_token", index, index + 1,
                                    f"token id {token} is not in the vocabulary; U+FFFD"))
@@ -490,7 +501,7 @@ class Machine:
     def _body_control(self, token: int, index: int) -> None:
         self.repairs.append(Repair("control_token_in_body", index, index + 1,
                                    f"{SPECIAL_TOKEN_NAMES[token]} removed from a body"))
-        self.last_delta = None
+        self.last_content_delta = None
 
     def _header_in_body(self, token: int, index: int) -> None:
         if self.parts or self.pending:
@@ -537,7 +548,7 @@ class Machine:
         self.pending = bytearray()
         self._poisoned = []
         self._joined, self._joined_parts = "", 0
-        self.last_delta = None
+        self.last_content_delta = None
 
     def content_tokens(self) -> list[int]:
         """The body re-encoded delta by delta (what the reference's state shows)."""
@@ -567,7 +578,7 @@ class Machine:
             recipient=header.recipient,
             content_type=header.content_type,
         )
-        self.messages.append(message)
+        self._messages.append(message)
         self.spans.append((self._cursor, end))
         self._cursor = end
 
@@ -586,7 +597,7 @@ class Machine:
     def result(self) -> ParseResult:
         """The parse so far (after ``end``, the final one)."""
         return ParseResult(
-            messages=list(self.messages),
+            messages=list(self._messages),
             spans=list(self.spans),
             skipped=list(self.skipped),
             repairs=sorted(self.repairs, key=lambda r: (r.start, r.end)),

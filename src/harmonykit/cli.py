@@ -1,0 +1,228 @@
+"""The ``harmonykit`` command: parse, render and inspect Harmony completions.
+
+    harmonykit parse completion.txt            # JSON: messages, spans, skipped, repairs, stop, complete
+    harmonykit parse --strict completion.txt   # exits 1 with the reference's error and token index
+    harmonykit render conversation.json        # the prompt text, or --tokens for ids
+    harmonykit inspect completion.txt          # a coloured, human-readable view with repairs marked
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from . import (
+    Conversation,
+    HarmonyEncoding,
+    HarmonyEncodingName,
+    HarmonyError,
+    ParseResult,
+    RenderConversationConfig,
+    Role,
+    load_harmony_encoding,
+)
+
+
+class CLIError(Exception):
+    """A problem with the command's input: printed as one line, exit status 2."""
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise CLIError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _tokens(enc: HarmonyEncoding, raw: str, as_ids: bool, path: str) -> list[int]:
+    if not as_ids:
+        return enc.encode(raw, allowed_special="all")
+    try:
+        ids = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"{path}: not a JSON list of token ids ({e.msg} at line {e.lineno})") from None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise CLIError(f"{path}: expected a JSON list of integers, e.g. [200005, 17196]")
+    return ids
+
+
+def _role(value: str) -> Role | None:
+    if value == "none":
+        return None
+    try:
+        return Role(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"unknown role {value!r}: use one of {', '.join(r.value for r in Role)} or none"
+        ) from None
+
+
+def _parse(enc: HarmonyEncoding, args: argparse.Namespace) -> ParseResult:
+    tokens = _tokens(enc, _read(args.file), args.tokens, args.file)
+    return enc.parse_completion(tokens, args.role, strict=args.strict, tools=args.tool or None)
+
+
+def cmd_parse(args: argparse.Namespace, out: TextIO) -> int:
+    enc = _encoding()
+    result = _parse(enc, args)
+    json.dump(result.to_dict(), out, indent=2 if args.pretty else None, ensure_ascii=False)
+    out.write("\n")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace, out: TextIO) -> int:
+    enc = _encoding()
+    raw = _read(args.file)
+    try:
+        convo = Conversation.from_json(raw)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"{args.file}: not JSON ({e.msg} at line {e.lineno})") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise CLIError(f"{args.file}: not a conversation ({_first_line(e)}); expected "
+                       '{"messages": [{"role": "user", "content": "..."}]}') from None
+    config = RenderConversationConfig(auto_drop_analysis=not args.keep_analysis)
+    if args.mode == "completion":
+        tokens = enc.render_conversation_for_completion(convo, args.next_role, config)
+    elif args.mode == "training":
+        tokens = enc.render_conversation_for_training(convo, config)
+    else:
+        tokens = enc.render_conversation(convo, config)
+    out.write(json.dumps(tokens) if args.tokens else enc.decode_utf8(tokens))
+    out.write("\n")
+    return 0
+
+
+_STYLES = {"role": "1;36", "meta": "2", "repair": "1;33", "skip": "1;31", "body": "0", "title": "1"}
+
+
+def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    enc = _encoding()
+    tokens = _tokens(enc, _read(args.file), args.tokens, args.file)
+    result = enc.parse_completion(tokens, args.role, tools=args.tool or None)
+    tty = out.isatty() and not os.environ.get("NO_COLOR")
+    color = args.color == "always" or (args.color == "auto" and tty)
+
+    def paint(style: str, text: str) -> str:
+        return f"\x1b[{_STYLES[style]}m{text}\x1b[0m" if color else text
+
+    blocks: list[tuple[int, str]] = []
+    for i, (msg, (start, end)) in enumerate(zip(result.messages, result.spans, strict=True)):
+        head = [paint("role", msg.author.name or msg.author.role.value)]
+        if msg.channel is not None:
+            head.append(f"channel={msg.channel}")
+        if msg.recipient is not None:
+            head.append(f"to={msg.recipient}")
+        if msg.content_type is not None:
+            head.append(f"type={msg.content_type}")
+        lines = [f"{paint('title', f'#{i}')} {' '.join(head)} {paint('meta', f'[tokens {start}-{end})')}"]
+        body = "".join(getattr(c, "text", "") for c in msg.content)
+        lines += ["    " + paint("body", line) for line in (body.splitlines() or [""])]
+        for r in result.repairs:
+            if start <= r.start < end and (r.start, r.end) not in result.skipped:
+                lines.append("    " + paint("repair", f"! {r.kind} [{r.start}-{r.end}): {r.detail}"))
+        blocks.append((start, "\n".join(lines)))
+    for start, end in result.skipped:
+        kinds = [r for r in result.repairs if (r.start, r.end) == (start, end)]
+        text = enc.decode(tokens[start:end]) if all(0 <= t < 201089 for t in tokens[start:end]) else "?"
+        label = kinds[0].kind if kinds else "skipped"
+        blocks.append((start, paint("skip", f"✗ {label} [tokens {start}-{end})") + f" {text!r}"))
+    for _, block in sorted(blocks, key=lambda b: b[0]):
+        out.write(block + "\n")
+    state = "complete" if result.complete else "cut off (no stop token)"
+    summary = f"{len(result.messages)} messages, {len(result.repairs)} repairs, stop={result.stop}, {state}"
+    out.write(paint("meta", summary) + "\n")
+    return 0
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _encoding() -> HarmonyEncoding:
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harmonykit",
+        description="Render and parse OpenAI's Harmony format (gpt-oss).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def completion_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", nargs="?", default="-",
+                       help="completion text with <|...|> special tokens (default: stdin)")
+        p.add_argument("--tokens", action="store_true", help="the input is a JSON list of token ids")
+        p.add_argument("--role", type=_role, default=Role.ASSISTANT,
+                       help="role already rendered before the completion (default: assistant; "
+                            "'none' when the output starts with <|start|>)")
+        p.add_argument("--tool", action="append", metavar="NAME",
+                       help="a declared function name (repeatable); helps read malformed recipients")
+
+    p = sub.add_parser("parse", help="parse a completion into JSON",
+                       description="Parse a completion; print messages, spans, skipped ranges, "
+                                   "repairs, stop and complete as JSON.")
+    completion_args(p)
+    p.add_argument("--strict", action="store_true",
+                   help="fail like the reference on malformed output (exit status 1)")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_parse)
+
+    p = sub.add_parser("render", help="render a conversation JSON to Harmony",
+                       description="Render a conversation (the Conversation.to_json shape).")
+    p.add_argument("file", nargs="?", default="-", help="conversation JSON (default: stdin)")
+    p.add_argument("--tokens", action="store_true", help="print token ids instead of text")
+    p.add_argument("--mode", choices=["completion", "conversation", "training"], default="completion",
+                   help="completion (default): open the next turn; conversation: as is; "
+                        "training: a final answer ends in <|return|>")
+    p.add_argument("--next-role", type=_role, default=Role.ASSISTANT,
+                   help="role of the turn to open in completion mode (default: assistant)")
+    p.add_argument("--keep-analysis", action="store_true",
+                   help="keep earlier analysis messages (no chain-of-thought dropping)")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("inspect", help="show a completion for people, repairs highlighted",
+                       description="Show each message with its header and body, and every repair.")
+    completion_args(p)
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="colour the output (default: when writing to a terminal)")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args, out)
+        return status
+    except HarmonyError as e:
+        where = f" (at token {e.token_index})" if e.token_index is not None else ""
+        print(f"harmonykit: error: {_first_line(e)}{where}", file=sys.stderr)
+        return 1
+    except CLIError as e:
+        print(f"harmonykit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _entry() -> Any:  # pragma: no cover - console script
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Finding the vocabulary offline: the search order, the hash check, the error that says how to fix it."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from pathlib import Path
+
+import pytest
+
+import harmonykit as hk
+from harmonykit import vocab
+
+
+@pytest.fixture
+def plain_vocab(tmp_path: Path) -> Path:
+    bundled = vocab.candidate_sources()[-1][1]
+    assert bundled is not None
+    with gzip.open(bundled) as src:
+        (tmp_path / vocab.FILENAME).write_bytes(src.read())
+    return tmp_path
+
+
+def test_ranks_are_sequential_in_the_checked_file(plain_vocab: Path) -> None:
+    # parse_ranks counts ranks instead of reading them: true of this exact file.
+    lines = (plain_vocab / vocab.FILENAME).read_bytes().split(b"\n")
+    assert all(int(line.split()[1]) == i for i, line in enumerate(lines) if line)
+    ranks = vocab.parse_ranks((plain_vocab / vocab.FILENAME).read_bytes())
+    assert len(ranks) == 199998 and ranks[b"hello"] == 24912
+
+
+def test_prefers_tiktoken_encodings_base(monkeypatch: pytest.MonkeyPatch, plain_vocab: Path) -> None:
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(plain_vocab))
+    assert vocab.candidate_sources()[0][1] == plain_vocab / vocab.FILENAME
+    assert vocab.read_vocabulary() == (plain_vocab / vocab.FILENAME).read_bytes()
+
+
+def test_falls_back_to_tiktoken_cache_then_bundled_copy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        plain_vocab: Path) -> None:
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path / "missing"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / vocab.TIKTOKEN_CACHE_KEY).write_bytes((plain_vocab / vocab.FILENAME).read_bytes())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    assert vocab.read_vocabulary()[:20] == (plain_vocab / vocab.FILENAME).read_bytes()[:20]
+    (cache / vocab.TIKTOKEN_CACHE_KEY).unlink()
+    assert len(vocab.read_vocabulary()) == 3613922  # from the bpe-openai package
+
+
+def test_corrupt_file_is_rejected_and_next_source_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / vocab.FILENAME).write_bytes(b"not a vocabulary")
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    assert vocab.read_vocabulary() != b"not a vocabulary"
+
+
+def test_error_lists_where_it_looked_and_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / vocab.FILENAME).write_bytes(b"corrupt")
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "nocache"))
+    monkeypatch.setattr(vocab, "_bpe_openai_copy", lambda: None)
+    with pytest.raises(hk.VocabularyError) as info:
+        vocab.read_vocabulary()
+    message = str(info.value)
+    assert "$TIKTOKEN_ENCODINGS_BASE" in message and "has sha256" in message
+    assert "tiktoken's cache" in message and "does not exist" in message
+    assert "the bpe-openai package: not set" in message
+    assert "pip install bpe-openai" in message and vocab.SHA256 in message
+    assert isinstance(info.value, hk.HarmonyError)
+
+
+def test_loaded_once_and_thread_safe() -> None:
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(hk.load_harmony_encoding("HarmonyGptOss")))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1
+    assert hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS) is results[0]
+
+
+def test_unknown_encoding_name() -> None:
+    with pytest.raises(ValueError, match="Invalid HarmonyEncodingName: nope"):
+        hk.load_harmony_encoding("nope")
+
+
+def test_vocabulary_special_tokens(enc: hk.HarmonyEncoding) -> None:
+    assert len(enc.special_tokens_set) == 1091
+    assert enc.encode("<|return|><|constrain|><|channel|><|start|><|end|><|message|><|call|>",
+                      allowed_special="all") == [200002, 200003, 200005, 200006, 200007, 200008, 200012]
+    assert enc.decode_utf8([200014]) == "<|reserved_200014|>"
+    assert enc.decode_utf8([201088]) == "<|reserved_201088|>"
+    assert enc.is_special_token(200006) and not enc.is_special_token(24912)
+    assert sorted(enc.stop_tokens()) == [200002, 200007, 200012]
+    assert sorted(enc.stop_tokens_for_assistant_actions()) == [200002, 200012]
