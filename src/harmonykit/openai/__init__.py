@@ -1,0 +1,25 @@
+"""OpenAI Chat Completions and Responses <-> Harmony, both directions, streaming included.
+
+Plain dicts in and out, no HTTP; importing this does not import the ``openai``
+package. Requests become prompts (``render_chat_request``,
+``render_responses_request``); engine output tokens become a Chat choice or
+Responses output items, at once or as a stream. Every repair is reported in the
+``harmony`` extension field (docs/openai.md).
+"""
+
+from .chat import ChatCompletionStream, completion_to_chat_choice, merge_deltas
+from .errors import RequestError
+from .request import Prompt, render_chat_request, render_responses_request
+from .responses import ResponsesStream, completion_to_response_output
+
+__all__ = [
+    "ChatCompletionStream",
+    "Prompt",
+    "RequestError",
+    "ResponsesStream",
+    "completion_to_chat_choice",
+    "completion_to_response_output",
+    "merge_deltas",
+    "render_chat_request",
+    "render_responses_request",
+]

@@ -1,0 +1,184 @@
+"""Harmony output -> Chat Completions: one choice, or a stream of ``chat.completion.chunk``s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..encoding import HarmonyEncoding
+from .errors import RequestError
+from .turn import Event, Turn, new_id
+
+_FIELDS = {"reasoning": "reasoning_content", "content": "content"}
+
+
+def tool_names(request: dict[str, Any] | None) -> list[str] | None:
+    """Declared function names of a Chat or Responses request."""
+    if not request or not isinstance(request.get("tools"), list):
+        return None
+    names = []
+    for t in request["tools"]:
+        if isinstance(t, dict):
+            fn = t["function"] if isinstance(t.get("function"), dict) else t
+            if isinstance(fn.get("name"), str):
+                names.append(fn["name"])
+    return names or None
+
+
+class _Deltas:
+    """Turn events -> Chat ``delta`` objects (shared by the stream and the one-shot choice)."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.kinds: set[str] = set()
+        self.call_index: dict[int, int] = {}
+
+    def convert(self, events: Iterable[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for ev in events:
+            kind, key = ev[1], ev[2]
+            if ev[0] == "open":
+                if kind == "call":
+                    call = self.turn.calls[key]
+                    self.call_index[key] = index = len(self.call_index)
+                    out.append({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                                "function": {"name": call.name, "arguments": ""}}]})
+                elif kind in self.kinds:
+                    out.append({_FIELDS[kind]: "\n\n"})  # a second message of the same kind
+                self.kinds.add(kind)
+            elif kind == "call":
+                index = self.call_index[key]
+                out.append({"tool_calls": [{"index": index, "function": {"arguments": ev[3]}}]})
+            else:
+                out.append({_FIELDS[kind]: ev[3]})
+        return out
+
+
+def merge_deltas(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate Chat deltas into a message, as a client does."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        if d.get("content"):
+            content.append(d["content"])
+        if d.get("reasoning_content"):
+            reasoning.append(d["reasoning_content"])
+        for tc in d.get("tool_calls") or []:
+            call = calls.setdefault(tc["index"], {"id": None, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
+            if tc.get("id"):
+                call["id"] = tc["id"]
+            fn = tc.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
+                               "reasoning_content": "".join(reasoning) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def completion_to_chat_choice(
+    encoding: HarmonyEncoding,
+    tokens: Iterable[int],
+    *,
+    request: dict[str, Any] | None = None,
+    finish_reason: str = "stop",
+    index: int = 0,
+) -> dict[str, Any]:
+    """One Chat Completions choice from an engine's output tokens.
+
+    ``finish_reason`` is what the engine reported (``"stop"`` or ``"length"``);
+    the stop token may or may not end ``tokens``. Repairs are in
+    ``choice["harmony"]`` (see docs/openai.md).
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> toks = enc.encode("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
+    ...                   "<|channel|>final<|message|>4<|return|>", allowed_special="all")
+    >>> c = completion_to_chat_choice(enc, toks)
+    >>> c["message"]["content"], c["message"]["reasoning_content"], c["finish_reason"]
+    ('4', 'Easy.', 'stop')
+    """
+    turn = Turn(encoding, tool_names(request))
+    deltas = _Deltas(turn)
+    out = deltas.convert(turn.feed(tokens))
+    events, reason = turn.close(finish_reason)
+    out += deltas.convert(events)
+    return {"index": index, "message": {**merge_deltas(out), "refusal": None}, "finish_reason": reason,
+            "logprobs": None, "harmony": turn.extension()}
+
+
+class ChatCompletionStream:
+    """``chat.completion.chunk`` payloads for an output streamed token by token.
+
+    ``feed(token_ids)`` returns the chunks those tokens produce (the first one
+    carries the role); ``close(finish_reason)`` the last ones: a chunk with the
+    finish reason and the ``harmony`` extension, then usage when the request
+    asked for it (``stream_options.include_usage``). Concatenating the deltas
+    gives exactly ``completion_to_chat_choice``'s message.
+    """
+
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        *,
+        request: dict[str, Any] | None = None,
+        id: str | None = None,
+        model: str | None = None,
+        created: int | None = None,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        self.request = request or {}
+        self.id = id or new_id("chatcmpl")
+        self.model = model or self.request.get("model") or "gpt-oss"
+        self.created = created if created is not None else int(time.time())
+        self._turn = Turn(encoding, tool_names(request))
+        self._deltas = _Deltas(self._turn)
+        self._started = False
+        self._completion_tokens = 0
+        self._encoding = encoding
+        self._prompt_tokens = prompt_tokens
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+
+    def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:
+        ids = list(token_ids)
+        self._completion_tokens += len(ids)
+        chunks = []
+        if not self._started:
+            self._started = True
+            chunks.append(self._chunk({"role": "assistant", "content": ""}))
+        chunks += [self._chunk(d) for d in self._deltas.convert(self._turn.feed(ids))]
+        return chunks
+
+    def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
+        chunks = self.feed([]) if not self._started else []
+        events, reason = self._turn.close(finish_reason)
+        chunks += [self._chunk(d) for d in self._deltas.convert(events)]
+        last = self._chunk({}, reason)
+        last["choices"][0]["harmony"] = self._turn.extension()
+        chunks.append(last)
+        if (self.request.get("stream_options") or {}).get("include_usage"):
+            prompt = self._prompt_tokens
+            if prompt is None:
+                prompt = _prompt_tokens(self._encoding, self.request)
+            chunks.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.model, "choices": [],
+                           "usage": {"prompt_tokens": prompt, "completion_tokens": self._completion_tokens,
+                                     "total_tokens": prompt + self._completion_tokens}})
+        return chunks
+
+
+def _prompt_tokens(encoding: HarmonyEncoding, request: dict[str, Any]) -> int:
+    from .request import render_chat_request
+
+    try:
+        return len(render_chat_request(encoding, request).tokens)
+    except RequestError:  # usage is informative; the output was served already
+        return 0

@@ -1,0 +1,317 @@
+"""Chat Completions and Responses requests -> Harmony conversations and prompt tokens.
+
+Pure functions over plain dicts (the JSON bodies of the two APIs); no HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..encoding import HarmonyEncoding
+from ..model import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    Role,
+    SystemContent,
+    TextContent,
+    ToolDescription,
+)
+from ..tokens import CALL, RETURN
+from .errors import RequestError
+
+_EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH,
+            "minimal": ReasoningEffort.LOW}
+_TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+@dataclass
+class Prompt:
+    """A rendered request: the conversation, its tokens (ending in ``<|start|>assistant``)
+    and the stop tokens to sample with (``<|return|>``, ``<|call|>``)."""
+
+    conversation: Conversation
+    tokens: list[int]
+    stop_token_ids: list[int] = field(default_factory=lambda: [RETURN, CALL])
+    tool_names: list[str] = field(default_factory=list)
+
+
+def _effort(value: Any, param: str) -> ReasoningEffort:
+    if not isinstance(value, str) or value.lower() not in _EFFORTS:
+        raise RequestError(param, f"reasoning effort must be one of low, medium, high; got {value!r}")
+    return _EFFORTS[value.lower()]
+
+
+def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
+    """Text of a message's content: a string, or text parts joined in order."""
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(param, "content must be a string or a list of content parts")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
+            raise RequestError(f"{param}[{j}]", f"{kind} content is not supported: gpt-oss reads text only")
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            out.append(part["refusal"])
+        else:
+            raise RequestError(f"{param}[{j}]", f"unsupported content part {kind!r}; use text parts")
+    return "".join(out)
+
+
+def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
+    """A function tool: Chat nests it under "function", Responses does not."""
+    if not isinstance(spec, dict) or spec.get("type", "function") != "function":
+        kind = spec.get("type") if isinstance(spec, dict) else type(spec).__name__
+        raise RequestError(param, f"only function tools are supported, got {kind!r}")
+    fn = spec.get("function") if nested else spec
+    if nested and not isinstance(fn, dict):
+        raise RequestError(f"{param}.function", "a function tool needs a 'function' object")
+    assert isinstance(fn, dict)
+    where = f"{param}.function" if nested else param
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{where}.name", "a function tool needs a non-empty string name")
+    if any(c in name for c in "<>\n") or "<|" in name:
+        raise RequestError(f"{where}.name", f"invalid function name {name!r}")
+    description = fn.get("description") or ""
+    if not isinstance(description, str):
+        raise RequestError(f"{where}.description", "description must be a string")
+    parameters = fn.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise RequestError(f"{where}.parameters", "parameters must be a JSON Schema object")
+    return ToolDescription.new(name, description, parameters)
+
+
+def _tools(tools: Any, tool_choice: Any, nested: bool) -> list[ToolDescription]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise RequestError("tools", "tools must be a list")
+    described = [_tool(t, f"tools[{i}]", nested) for i, t in enumerate(tools)]
+    names = [t.name for t in described]
+    if len(set(names)) != len(names):
+        raise RequestError("tools", "function names must be unique")
+    if tool_choice == "none":
+        return []
+    if isinstance(tool_choice, dict):
+        chosen = (tool_choice.get("function") or {}).get("name") if nested else tool_choice.get("name")
+        if chosen not in names:
+            raise RequestError("tool_choice", f"tool_choice names {chosen!r}, which is not in tools")
+    elif tool_choice not in (None, "auto", "required"):
+        raise RequestError("tool_choice", f"unsupported tool_choice {tool_choice!r}")
+    return described
+
+
+def _response_format_section(name: Any, description: Any, schema: Any, param: str) -> str:
+    # "# Response Formats / ## name / // description / schema", as gpt-oss was trained.
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{param}.name", "a json_schema response format needs a name")
+    if not isinstance(schema, dict):
+        raise RequestError(f"{param}.schema", "the schema must be a JSON Schema object")
+    lines = ["# Response Formats", "", f"## {name}", ""]
+    if isinstance(description, str) and description:
+        lines.append(f"// {description}")
+    lines.append(json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+    return "\n".join(lines)
+
+
+def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise RequestError(param, "must be an object")
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return _response_format_section("json_object", None, {"type": "object"}, param)
+    if kind == "json_schema":
+        spec = fmt.get("json_schema") if nested else fmt
+        if not isinstance(spec, dict):
+            raise RequestError(f"{param}.json_schema", "must be an object")
+        return _response_format_section(spec.get("name"), spec.get("description"), spec.get("schema"),
+                                        f"{param}.json_schema" if nested else param)
+    raise RequestError(f"{param}.type", f"unsupported response format {kind!r}")
+
+
+class _Builder:
+    """Collects a request's messages into a Harmony conversation."""
+
+    def __init__(self) -> None:
+        self.instructions: list[str] = []
+        self.messages: list[Message] = []
+        self.call_names: dict[str, str] = {}
+
+    def assistant(self, reasoning: str, content: str, calls: Sequence[tuple[str, str, str]]) -> None:
+        if reasoning:
+            self.messages.append(Message.from_role_and_content(Role.ASSISTANT, reasoning)
+                                 .with_channel("analysis"))
+        if content:
+            # Text next to tool calls is a preamble (commentary); alone it is the answer.
+            channel = "commentary" if calls else "final"
+            self.messages.append(Message.from_role_and_content(Role.ASSISTANT, content).with_channel(channel))
+        for call_id, name, arguments in calls:
+            self.call_names[call_id] = name
+            self.messages.append(
+                Message.from_role_and_content(Role.ASSISTANT, arguments).with_channel("commentary")
+                .with_recipient(f"functions.{name}").with_content_type("<|constrain|>json"))
+
+    def tool_result(self, call_id: Any, output: str, param: str) -> None:
+        name = self.call_names.get(call_id) if isinstance(call_id, str) else None
+        if name is None:
+            raise RequestError(param, f"no earlier assistant tool call has id {call_id!r}")
+        self.messages.append(
+            Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{name}"), output)
+            .with_channel("commentary").with_recipient("assistant"))
+
+    def conversation(self, effort: ReasoningEffort, tools: list[ToolDescription],
+                     response_format: str | None) -> Conversation:
+        system = SystemContent.new().with_reasoning_effort(effort)
+        out = [Message.from_role_and_content(Role.SYSTEM, system)]
+        dev = DeveloperContent.new()
+        if self.instructions:
+            dev = dev.with_instructions("\n\n".join(self.instructions))
+        if tools:
+            dev = dev.with_function_tools(tools)
+        parts: list[Any] = []
+        if self.instructions or tools:
+            parts.append(dev)
+        if response_format:
+            parts.append(TextContent(text=("\n\n" if parts else "") + response_format))
+        if parts:
+            out.append(Message.from_role_and_contents(Role.DEVELOPER, parts))
+        return Conversation.from_messages(out + self.messages)
+
+
+def _prompt(encoding: HarmonyEncoding, convo: Conversation, tools: list[ToolDescription]) -> Prompt:
+    tokens = encoding.render_conversation_for_completion(convo, Role.ASSISTANT)
+    return Prompt(convo, tokens, tool_names=[t.name for t in tools])
+
+
+def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
+    """Render a Chat Completions request body.
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> p = render_chat_request(enc, {"messages": [{"role": "user", "content": "Hi"}]})
+    >>> enc.decode_utf8(p.tokens[-12:])
+    '<|start|>user<|message|>Hi<|end|><|start|>assistant'
+    """
+    if not isinstance(request, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages", "messages must be a non-empty list")
+    b = _Builder()
+    for i, msg in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RequestError(param, "each message must be an object")
+        role = msg.get("role")
+        if role in ("system", "developer"):
+            b.instructions.append(_text(msg.get("content"), f"{param}.content"))
+        elif role == "user":
+            b.messages.append(Message.from_role_and_content(
+                Role.USER, _text(msg.get("content"), f"{param}.content")))
+        elif role == "assistant":
+            calls = []
+            for j, call in enumerate(msg.get("tool_calls") or []):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                        or not isinstance(call.get("id"), str):
+                    raise RequestError(f"{param}.tool_calls[{j}]",
+                                       "a tool call needs an id and a function with a name")
+                arguments = fn.get("arguments", "")
+                if not isinstance(arguments, str):
+                    raise RequestError(f"{param}.tool_calls[{j}].function.arguments",
+                                       "arguments must be a JSON string")
+                calls.append((call["id"], fn["name"], arguments))
+            reasoning = msg.get("reasoning_content", msg.get("reasoning")) or ""
+            if not isinstance(reasoning, str):
+                raise RequestError(f"{param}.reasoning_content", "reasoning must be a string")
+            b.assistant(reasoning, _text(msg.get("content"), f"{param}.content", allow_none=True), calls)
+        elif role == "tool":
+            b.tool_result(msg.get("tool_call_id"), _text(msg.get("content"), f"{param}.content"),
+                          f"{param}.tool_call_id")
+        else:
+            raise RequestError(f"{param}.role", f"unknown role {role!r}")
+    effort = _effort(request["reasoning_effort"], "reasoning_effort") \
+        if request.get("reasoning_effort") is not None else ReasoningEffort.MEDIUM
+    tools = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
+    fmt = _format_from(request.get("response_format"), "response_format", nested=True)
+    return _prompt(encoding, b.conversation(effort, tools, fmt), tools)
+
+
+def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
+    """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...)."""
+    if not isinstance(request, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    b = _Builder()
+    instructions = request.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise RequestError("instructions", "instructions must be a string")
+        b.instructions.append(instructions)
+    items = request.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise RequestError("input", "input must be a string or a non-empty list of items")
+    pending_reasoning: list[str] = []
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(param, "each input item must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            text = _text(item.get("content"), f"{param}.content")
+            if role in ("system", "developer"):
+                b.instructions.append(text)
+            elif role == "user":
+                b.messages.append(Message.from_role_and_content(Role.USER, text))
+            elif role == "assistant":
+                b.assistant("".join(pending_reasoning), text, [])
+                pending_reasoning = []
+            else:
+                raise RequestError(f"{param}.role", f"unknown role {role!r}")
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            pending_reasoning.append(_text(
+                [{"type": "text", "text": p.get("text")} if isinstance(p, dict) else p for p in parts],
+                f"{param}.content"))
+        elif kind == "function_call":
+            call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
+            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+                raise RequestError(param, "a function_call needs string call_id, name and arguments")
+            b.assistant("".join(pending_reasoning), "", [(call_id, name, arguments)])
+            pending_reasoning = []
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{param}.output")
+            b.tool_result(item.get("call_id"), text, f"{param}.call_id")
+        else:
+            raise RequestError(f"{param}.type", f"unsupported input item type {kind!r}")
+    if pending_reasoning:
+        b.assistant("".join(pending_reasoning), "", [])
+    reasoning = request.get("reasoning") or {}
+    if not isinstance(reasoning, dict):
+        raise RequestError("reasoning", "reasoning must be an object")
+    effort = _effort(reasoning["effort"], "reasoning.effort") \
+        if reasoning.get("effort") is not None else ReasoningEffort.MEDIUM
+    tools = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
+    text_cfg = request.get("text") or {}
+    fmt = _format_from(text_cfg.get("format") if isinstance(text_cfg, dict) else None, "text.format",
+                       nested=False)
+    return _prompt(encoding, b.conversation(effort, tools, fmt), tools)
