@@ -96,6 +96,17 @@ class _Items:
         return out
 
 
+def _function_tools(tools: Any) -> list[dict[str, Any]]:
+    """The request's function tools in the Responses shape (Chat's nested shape accepted)."""
+    out = []
+    for t in tools if isinstance(tools, list) else []:
+        fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out.append({"type": "function", "name": fn["name"], "description": fn.get("description"),
+                        "parameters": fn.get("parameters"), "strict": fn.get("strict")})
+    return out
+
+
 def _copy(obj: dict[str, Any], empty: bool = False) -> dict[str, Any]:
     out = {k: ([_copy(v, empty) for v in val] if isinstance(val, list) and k == "content" else val)
            for k, val in obj.items()}
@@ -169,7 +180,7 @@ class ResponsesStream:
             "id": self.id, "object": "response", "created_at": self.created_at, "model": self.model,
             "status": status, "output": output, "parallel_tool_calls": False,
             "tool_choice": tool_choice if isinstance(tool_choice, (str, dict)) else "auto",
-            "tools": [t for t in self.request.get("tools") or [] if isinstance(t, dict)],
+            "tools": _function_tools(self.request.get("tools")),
             "error": None, "incomplete_details": None, "instructions": self.request.get("instructions"),
             "metadata": {},
         }
@@ -199,7 +210,7 @@ class ResponsesStream:
         if prompt is None:
             prompt = _prompt_tokens(self._encoding, self.request)
         response["usage"] = {
-            "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self._output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + self._output_tokens,
         }

@@ -1,0 +1,177 @@
+"""Chat Completions and Responses requests -> Harmony prompts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai_harmony as oh
+import pytest
+
+import harmonykit as hk
+from harmonykit.openai import (
+    RequestError,
+    completion_to_chat_choice,
+    render_chat_request,
+    render_responses_request,
+)
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CHAT = {
+    "model": "gpt-oss-20b",
+    "reasoning_effort": "high",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use metric "}, {"type": "text", "text": "units."}]},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "reasoning_content": "Need the tool.", "content": None,
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
+                                                "parameters": WEATHER}}],
+}
+
+
+def reference_prompt(ref: Any) -> list[int]:
+    M, R = oh.Message, oh.Role
+    convo = oh.Conversation.from_messages([
+        M.from_role_and_content(R.SYSTEM, oh.SystemContent.new().with_reasoning_effort(oh.ReasoningEffort.HIGH)),
+        M.from_role_and_content(R.DEVELOPER, oh.DeveloperContent.new().with_instructions(
+            "Be brief.\n\nUse metric units.").with_function_tools(
+            [oh.ToolDescription.new("get_weather", "Weather now.", WEATHER)])),
+        M.from_role_and_content(R.USER, "Weather in Paris?"),
+        M.from_role_and_content(R.ASSISTANT, "Need the tool.").with_channel("analysis"),
+        M.from_role_and_content(R.ASSISTANT, '{"city":"Paris"}').with_channel("commentary")
+        .with_recipient("functions.get_weather").with_content_type("<|constrain|>json"),
+        M.from_author_and_content(oh.Author.new(R.TOOL, "functions.get_weather"), '{"temp": 21}')
+        .with_channel("commentary").with_recipient("assistant"),
+    ])
+    return list(ref.render_conversation_for_completion(convo, R.ASSISTANT))
+
+
+def test_chat_request_renders_like_the_reference(enc: hk.HarmonyEncoding, ref: Any) -> None:
+    prompt = render_chat_request(enc, CHAT)
+    assert prompt.tokens == reference_prompt(ref)
+    assert prompt.stop_token_ids == [200002, 200012]
+    assert enc.decode_utf8(prompt.tokens[-2:]) == "<|start|>assistant"
+    assert prompt.tool_names == ["get_weather"]
+
+
+def test_responses_request_renders_like_the_reference(enc: hk.HarmonyEncoding, ref: Any) -> None:
+    request = {
+        "instructions": "Be brief.",
+        "reasoning": {"effort": "high"},
+        "input": [
+            {"role": "developer", "content": [{"type": "input_text", "text": "Use metric units."}]},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Need the tool."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": '{"temp": 21}'},
+        ],
+        "tools": [{"type": "function", "name": "get_weather", "description": "Weather now.", "parameters": WEATHER}],
+    }
+    assert render_responses_request(enc, request).tokens == reference_prompt(ref)
+
+
+def test_chain_of_thought_rule(enc: hk.HarmonyEncoding) -> None:
+    request = {"messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "reasoning_content": "Simple.", "content": "4"},
+        {"role": "user", "content": "3+3?"},
+    ]}
+    text = enc.decode_utf8(render_chat_request(enc, request).tokens)
+    assert "Simple." not in text and "<|channel|>final<|message|>4<|end|>" in text
+    ongoing = {"messages": CHAT["messages"]}
+    assert "Need the tool." in enc.decode_utf8(render_chat_request(enc, ongoing).tokens)
+
+
+def test_response_format_and_tool_choice(enc: hk.HarmonyEncoding) -> None:
+    request = {**CHAT, "tool_choice": "none", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "weather", "description": "A report.", "schema": WEATHER}}}
+    text = enc.decode_utf8(render_chat_request(enc, request).tokens)
+    assert "namespace functions" not in text and "'functions'" not in text
+    assert ("# Response Formats\n\n## weather\n\n// A report.\n"
+            '{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}<|end|>') in text
+    responses = {"input": "hi", "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}
+    assert "## w\n\n{" in enc.decode_utf8(render_responses_request(enc, responses).tokens)
+
+
+def test_effort_and_defaults(enc: hk.HarmonyEncoding) -> None:
+    text = enc.decode_utf8(render_chat_request(enc, {"messages": [{"role": "user", "content": "x"}]}).tokens)
+    assert "Reasoning: medium" in text and "<|start|>developer" not in text
+    low = render_responses_request(enc, {"input": "x", "reasoning": {"effort": "low"}})
+    assert "Reasoning: low" in enc.decode_utf8(low.tokens)
+
+
+@pytest.mark.parametrize(
+    ("request_body", "param", "fragment"),
+    [
+        ({"messages": []}, "messages", "non-empty"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "unknown role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages[0].content[0]", "image_url"),
+        ({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}, "messages[0].tool_call_id",
+         "no earlier assistant tool call"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0].function",
+         "needs a 'function' object"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]},
+         "tools[0].function.name", "non-empty string name"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}, "tools[0]",
+         "only function tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, "reasoning_effort",
+         "low, medium, high"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": CHAT["tools"],
+          "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice", "not in tools"),
+        ({"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+         "response_format.json_schema.name", "needs a name"),
+    ],
+)
+def test_bad_chat_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any], param: str,
+                           fragment: str) -> None:
+    with pytest.raises(RequestError) as info:
+        render_chat_request(enc, request_body)
+    assert info.value.param == param and fragment in info.value.message
+    assert info.value.to_dict()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("request_body", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]}, "input[0].call_id"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+         "input[0].content[0]"),
+        ({"input": "x", "instructions": 3}, "instructions"),
+    ],
+)
+def test_bad_responses_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        render_responses_request(enc, request_body)
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Answer.<|return|>",
+        "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant to=functions.get_weather<|channel|>"
+        'commentary <|constrain|>json<|message|>{"city":"Paris"}<|call|>',
+    ],
+)
+def test_round_trip(enc: hk.HarmonyEncoding, completion: str) -> None:
+    """A request ending in a choice we produced renders to the tokens the model generated."""
+    request = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": CHAT["tools"]}
+    prompt = render_chat_request(enc, request)
+    generated = enc.encode(completion, allowed_special="all")
+    choice = completion_to_chat_choice(enc, generated, request=request)
+    followup = {**request, "messages": [*request["messages"], choice["message"]]}
+    rendered = render_chat_request(enc, followup).tokens
+    expected = prompt.tokens + [200007 if t == 200002 else t for t in generated] + [200006, 173781]
+    if choice["message"]["content"]:  # a finished turn: its reasoning is dropped (the CoT rule)
+        dropped = enc.encode("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant", allowed_special="all")
+        expected = prompt.tokens + [200007 if t == 200002 else t for t in generated[len(dropped):]] + [200006, 173781]
+    assert rendered == expected
