@@ -166,7 +166,7 @@ def assistant_turns(draw: st.DrawFn) -> list[hk.Message]:
         if channel != "final" and draw(st.booleans()):
             msg = msg.with_recipient(draw(st.sampled_from(["functions.get_weather", "browser.search",
                                                            "python"])))
-            if draw(st.booleans()):
-                msg = msg.with_content_type(draw(st.sampled_from(["<|constrain|>json", "json", "code"])))
+        if draw(st.booleans()):
+            msg = msg.with_content_type(draw(st.sampled_from(["<|constrain|>json", "json", "code"])))
         out.append(msg)
     return out

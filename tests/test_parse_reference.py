@@ -208,3 +208,14 @@ def test_stream_properties_follow_reference(enc: hk.HarmonyEncoding, ref: object
         assert ours.state.value == theirs.state.value
         assert (ours.current_role and ours.current_role.value) == (theirs.current_role and theirs.current_role.value)
         assert [m.to_dict() for m in ours.messages] == [m.to_dict() for m in theirs.messages]
+
+
+def test_constrained_output_without_recipient(enc: hk.HarmonyEncoding) -> None:
+    # 0.0.8 returns recipient "<|constrain|>json" here; we read the content type, as later
+    # reference versions do (docs/compatibility.md).
+    text = '<|start|>assistant<|channel|>final <|constrain|>json<|message|>{"result":true}<|return|>'
+    expected = [M.from_role_and_content(R.ASSISTANT, '{"result":true}').with_channel("final")
+                .with_content_type("<|constrain|>json")]
+    for strict in (True, False):
+        assert stream(enc, text, None, strict) == expected
+        assert parse(enc, text, None, strict) == expected

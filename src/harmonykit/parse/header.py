@@ -180,6 +180,15 @@ def parse_reference(
     return Header(role, name, recipient, channel, content_type), remaining
 
 
+def fix_lone_constrain(header: Header) -> Header:
+    """``<|channel|>final <|constrain|>json``: 0.0.8 reads the lone part as the recipient;
+    it is the content type (as later reference versions read it)."""
+    if header.recipient is not None and header.recipient.startswith(CONSTRAIN_MARKER) \
+            and header.content_type is None:
+        header.content_type, header.recipient = header.recipient, None
+    return header
+
+
 def has_control_text(header: Header) -> str | None:
     """The first special-token text inside a header field, if any (garbage the reference returns)."""
     fields = [header.name, header.recipient, header.channel]

@@ -41,6 +41,7 @@ from .header import (
     Header,
     HeaderError,
     decode_header,
+    fix_lone_constrain,
     has_control_text,
     junk_channel_word,
     parse_reference,
@@ -325,6 +326,7 @@ class Machine:
             header, remaining = parse_reference(text, self.next_role, True)
         except HeaderError as e:
             raise HarmonyError(str(e), token_index=index) from None
+        header = fix_lone_constrain(header)
         if remaining is not None:
             raise HarmonyError(
                 f"unexpected tokens remaining in message header: Some({rust_debug(remaining)})",
@@ -362,6 +364,7 @@ class Machine:
             except HeaderError:
                 pass
             else:
+                header = fix_lone_constrain(header)
                 if remaining is None and has_control_text(header) is None and (
                     header.recipient is None or (
                         not junk_channel_word(header.recipient)
@@ -461,26 +464,22 @@ class Machine:
         self._body_bytes(data, index)
 
     def _body_bytes(self, data: bytes, index: int) -> None:
+        # As the reference: decode what is pending; at most one bad sequence per
+        # token becomes U+FFFD, and bytes after it wait for the next token.
         self.pending += data
-        delta: list[str] = []
-        while self.pending:
-            try:
-                s = self.pending.decode("utf-8")
-            except UnicodeDecodeError as e:
-                if e.start:
-                    delta.append(self.pending[: e.start].decode("utf-8"))
-                if e.reason == "unexpected end of data" and e.end == len(self.pending):
-                    del self.pending[: e.start]
-                    break
-                delta.append(REPLACEMENT)
+        try:
+            text = self.pending.decode("utf-8")
+            self.pending.clear()
+        except UnicodeDecodeError as e:
+            text = self.pending[: e.start].decode("utf-8")
+            if e.reason == "unexpected end of data" and e.end == len(self.pending):
+                del self.pending[: e.start]  # a character still arriving
+            else:
+                text += REPLACEMENT
+                del self.pending[: e.end]
                 if not self.strict:
                     self.repairs.append(Repair("invalid_utf8", index, index + 1,
                                                "bytes that are not UTF-8 became U+FFFD"))
-                del self.pending[: e.end]
-            else:
-                delta.append(s)
-                self.pending.clear()
-        text = "".join(delta)
         if text:
             self.parts.append(text)
             self.last_content_delta = text
@@ -536,7 +535,7 @@ class Machine:
             text += REPLACEMENT
         if self.pending:
             tail = bytes(self.pending).decode("utf-8", "replace")
-            if not self.strict:
+            if not self.strict and tail.count(REPLACEMENT) > self.pending.count(REPLACEMENT.encode()):
                 self.repairs.append(Repair("invalid_utf8", end - 1, end,
                                            "the body ended inside a UTF-8 character"))
             text += tail
