@@ -124,3 +124,8 @@ def test_decode_errors(enc: hk.HarmonyEncoding) -> None:
     assert enc.decode_bytes([24912]) == b"hello"
     with pytest.raises(hk.HarmonyError, match="Encountered text corresponding to disallowed special token"):
         enc.encode("<|start|>")
+
+
+def test_model_dump_keeps_content() -> None:
+    message = hk.Message.from_role_and_content(hk.Role.ASSISTANT, "hello")
+    assert json.loads(message.model_dump_json())["content"] == [{"text": "hello"}]

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializeAsAny
 
 
 class Role(str, Enum):
@@ -223,7 +223,8 @@ def _content_from_dict(raw: dict[str, Any]) -> Content:
 
 class Message(BaseModel):
     author: Author
-    content: list[Content] = Field(default_factory=list)
+    # SerializeAsAny: model_dump keeps each content's own fields (0.0.8 dumps {}).
+    content: list[SerializeAsAny[Content]] = Field(default_factory=list)
     channel: str | None = None
     recipient: str | None = None
     content_type: str | None = None

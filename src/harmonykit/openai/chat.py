@@ -7,23 +7,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
-from .errors import RequestError
-from .turn import Event, Turn, new_id
+from .request import render_chat_request
+from .turn import Event, OutputStream, Turn, tool_names
 
 _FIELDS = {"reasoning": "reasoning_content", "content": "content"}
-
-
-def tool_names(request: dict[str, Any] | None) -> list[str] | None:
-    """Declared function names of a Chat or Responses request."""
-    if not request or not isinstance(request.get("tools"), list):
-        return None
-    names = []
-    for t in request["tools"]:
-        if isinstance(t, dict):
-            fn = t["function"] if isinstance(t.get("function"), dict) else t
-            if isinstance(fn.get("name"), str):
-                names.append(fn["name"])
-    return names or None
 
 
 class _Deltas:
@@ -111,7 +98,7 @@ def completion_to_chat_choice(
             "logprobs": None, "harmony": turn.extension()}
 
 
-class ChatCompletionStream:
+class ChatCompletionStream(OutputStream):
     """``chat.completion.chunk`` payloads for an output streamed token by token.
 
     ``feed(token_ids)`` returns the chunks those tokens produce (the first one
@@ -120,6 +107,8 @@ class ChatCompletionStream:
     asked for it (``stream_options.include_usage``). Concatenating the deltas
     gives exactly ``completion_to_chat_choice``'s message.
     """
+
+    id_prefix = "chatcmpl"
 
     def __init__(
         self,
@@ -131,16 +120,10 @@ class ChatCompletionStream:
         created: int | None = None,
         prompt_tokens: int | None = None,
     ) -> None:
-        self.request = request or {}
-        self.id = id or new_id("chatcmpl")
-        self.model = model or self.request.get("model") or "gpt-oss"
+        super().__init__(encoding, render_chat_request, request=request, id=id, model=model,
+                         prompt_tokens=prompt_tokens)
         self.created = created if created is not None else int(time.time())
-        self._turn = Turn(encoding, tool_names(request))
-        self._deltas = _Deltas(self._turn)
-        self._started = False
-        self._completion_tokens = 0
-        self._encoding = encoding
-        self._prompt_tokens = prompt_tokens
+        self._deltas = _Deltas(self.turn)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -148,37 +131,23 @@ class ChatCompletionStream:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:
-        ids = list(token_ids)
-        self._completion_tokens += len(ids)
         chunks = []
-        if not self._started:
-            self._started = True
+        if not self.started:
+            self.started = True
             chunks.append(self._chunk({"role": "assistant", "content": ""}))
-        chunks += [self._chunk(d) for d in self._deltas.convert(self._turn.feed(ids))]
-        return chunks
+        return chunks + [self._chunk(d) for d in self._deltas.convert(self.events(token_ids))]
 
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
-        chunks = self.feed([]) if not self._started else []
-        events, reason = self._turn.close(finish_reason)
+        chunks = self.feed([])
+        events, reason = self.turn.close(finish_reason)
         chunks += [self._chunk(d) for d in self._deltas.convert(events)]
         last = self._chunk({}, reason)
-        last["choices"][0]["harmony"] = self._turn.extension()
+        last["choices"][0]["harmony"] = self.turn.extension()
         chunks.append(last)
         if (self.request.get("stream_options") or {}).get("include_usage"):
-            prompt = self._prompt_tokens
-            if prompt is None:
-                prompt = _prompt_tokens(self._encoding, self.request)
+            prompt = self.prompt_tokens()
             chunks.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": self.model, "choices": [],
-                           "usage": {"prompt_tokens": prompt, "completion_tokens": self._completion_tokens,
-                                     "total_tokens": prompt + self._completion_tokens}})
+                           "usage": {"prompt_tokens": prompt, "completion_tokens": self.output_tokens,
+                                     "total_tokens": prompt + self.output_tokens}})
         return chunks
-
-
-def _prompt_tokens(encoding: HarmonyEncoding, request: dict[str, Any]) -> int:
-    from .request import render_chat_request
-
-    try:
-        return len(render_chat_request(encoding, request).tokens)
-    except RequestError:  # usage is informative; the output was served already
-        return 0

@@ -7,9 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
-from .chat import tool_names
-from .errors import RequestError
-from .turn import Event, Turn, new_id
+from .request import render_responses_request
+from .turn import Event, OutputStream, Turn, new_id, tool_names
 
 
 class _Items:
@@ -142,15 +141,17 @@ def completion_to_response_output(
     return items.items
 
 
-class ResponsesStream:
+class ResponsesStream(OutputStream):
     """Responses streaming events for an output streamed token by token.
 
     ``feed`` returns events (``response.created`` and ``response.in_progress``
     first, then items and their deltas); ``close(finish_reason)`` ends the open
     item and returns ``response.completed`` (or ``response.incomplete`` when
     the engine hit its token limit) carrying the whole response, with the
-    ``harmony`` extension in its metadata-free top level.
+    ``harmony`` extension field.
     """
+
+    id_prefix = "resp"
 
     def __init__(
         self,
@@ -162,16 +163,10 @@ class ResponsesStream:
         created_at: float | None = None,
         prompt_tokens: int | None = None,
     ) -> None:
-        self.request = request or {}
-        self.id = id or new_id("resp")
-        self.model = model or self.request.get("model") or "gpt-oss"
+        super().__init__(encoding, render_responses_request, request=request, id=id, model=model,
+                         prompt_tokens=prompt_tokens)
         self.created_at = created_at if created_at is not None else time.time()
-        self._turn = Turn(encoding, tool_names(request))
-        self._items = _Items(self._turn)
-        self._started = False
-        self._output_tokens = 0
-        self._encoding = encoding
-        self._prompt_tokens = prompt_tokens
+        self._items = _Items(self.turn)
 
     def response(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
         """The ``Response`` object at this point of the stream."""
@@ -189,40 +184,26 @@ class ResponsesStream:
         return out
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:
-        ids = list(token_ids)
-        self._output_tokens += len(ids)
         out = []
-        if not self._started:
-            self._started = True
+        if not self.started:
+            self.started = True
             out.append(self._items._event("response.created", response=self.response("in_progress", [])))
             out.append(self._items._event("response.in_progress", response=self.response("in_progress", [])))
-        out += self._items.convert(self._turn.feed(ids))
-        return out
+        return out + self._items.convert(self.events(token_ids))
 
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
-        out = self.feed([]) if not self._started else []
-        events, reason = self._turn.close(finish_reason)
+        out = self.feed([])
+        events, reason = self.turn.close(finish_reason)
         out += self._items.convert(events)
         out += self._items.finish_open()
         status = "incomplete" if reason == "length" else "completed"
         response = self.response(status, [dict(i) for i in self._items.items])
-        prompt = self._prompt_tokens
-        if prompt is None:
-            prompt = _prompt_tokens(self._encoding, self.request)
+        prompt = self.prompt_tokens()
         response["usage"] = {
             "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": self._output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + self._output_tokens,
+            "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + self.output_tokens,
         }
-        response["harmony"] = self._turn.extension()
+        response["harmony"] = self.turn.extension()
         out.append(self._items._event(f"response.{status}", response=response))
         return out
-
-
-def _prompt_tokens(encoding: HarmonyEncoding, request: dict[str, Any]) -> int:
-    from .request import render_responses_request
-
-    try:
-        return len(render_responses_request(encoding, request).tokens)
-    except RequestError:  # usage is informative; the output was served already
-        return 0

@@ -23,9 +23,9 @@ opens with its name and id in ``Turn.calls[key]``. Rules (see docs/openai.md):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..encoding import HarmonyEncoding
 from ..model import Message, Role, StreamState
@@ -39,6 +39,19 @@ _BUILTIN_PREFIXES = ("browser.", "python", "container.", "functions_builtin.")
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def tool_names(request: dict[str, Any] | None) -> list[str] | None:
+    """Declared function names of a Chat or Responses request (Chat nests them under "function")."""
+    if not request or not isinstance(request.get("tools"), list):
+        return None
+    names = []
+    for t in request["tools"]:
+        if isinstance(t, dict):
+            fn = t["function"] if isinstance(t.get("function"), dict) else t
+            if isinstance(fn.get("name"), str):
+                names.append(fn["name"])
+    return names or None
 
 
 class JsonExtent:
@@ -316,3 +329,45 @@ def _same(message: Message, header: Header) -> bool:
 
 def _header_of(m: Message) -> Header:
     return Header(m.author.role, m.author.name, m.recipient, m.channel, m.content_type)
+
+
+class OutputStream:
+    """What the Chat and Responses streams share: the turn, the ids, the token counts."""
+
+    id_prefix: ClassVar[str] = "out"
+
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        render: Callable[[HarmonyEncoding, dict[str, Any]], Any],
+        *,
+        request: dict[str, Any] | None,
+        id: str | None,
+        model: str | None,
+        prompt_tokens: int | None,
+    ) -> None:
+        self.request = request or {}
+        self.id = id or new_id(self.id_prefix)
+        self.model = model or self.request.get("model") or "gpt-oss"
+        self.output_tokens = 0
+        self.turn = Turn(encoding, tool_names(request))
+        self._encoding = encoding
+        self._render = render
+        self._prompt_tokens = prompt_tokens
+        self.started = False
+
+    def events(self, token_ids: Iterable[int]) -> list[Event]:
+        ids = list(token_ids)
+        self.output_tokens += len(ids)
+        return self.turn.feed(ids)
+
+    def prompt_tokens(self) -> int:
+        """The request's prompt length (rendered once, when not given)."""
+        if self._prompt_tokens is None:
+            from .errors import RequestError
+
+            try:
+                self._prompt_tokens = len(self._render(self._encoding, self.request).tokens)
+            except RequestError:  # usage is informative; the output was served already
+                self._prompt_tokens = 0
+        return self._prompt_tokens

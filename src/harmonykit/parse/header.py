@@ -102,26 +102,17 @@ def _rust_escapes(ch: str) -> bool:
     return False
 
 
+_RUST_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
 def rust_debug(s: str) -> str:
     """A string as Rust's ``{:?}`` prints it."""
     out = ['"']
     for ch in s:
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\0":
-            out.append("\\0")
-        elif ch != " " and _rust_escapes(ch):
-            out.append(f"\\u{{{ord(ch):x}}}")
-        else:
-            out.append(ch)
+        esc = _RUST_ESCAPES.get(ch)
+        if esc is None and ch != " " and _rust_escapes(ch):
+            esc = f"\\u{{{ord(ch):x}}}"
+        out.append(esc or ch)
     out.append('"')
     return "".join(out)
 
