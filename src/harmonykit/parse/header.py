@@ -318,6 +318,18 @@ def _tool_match(name: str, tools: frozenset[str] | None) -> bool:
     return bare in tools or name in tools
 
 
+def plausible_recipient(recipient: str, tools: frozenset[str] | None) -> bool:
+    """A recipient that needs no repair: a declared function, a built-in tool, or anything
+    when no tools were declared (but never a channel word wrapped in junk)."""
+    if junk_channel_word(recipient):
+        return False
+    if not tools or recipient == "python":
+        return True
+    if "." in recipient and not recipient.startswith("functions."):
+        return True  # a built-in tool: browser.search, container.exec, ...
+    return _tool_match(recipient, tools)
+
+
 def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
     """Split header text into words and channel values (start, end, value) per marker."""
     words: list[_Word] = []

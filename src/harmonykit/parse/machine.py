@@ -43,8 +43,8 @@ from .header import (
     decode_header,
     fix_lone_constrain,
     has_control_text,
-    junk_channel_word,
     parse_reference,
+    plausible_recipient,
     resolve,
     rust_debug,
     split_stripped_markup,
@@ -366,9 +366,7 @@ class Machine:
             else:
                 header = fix_lone_constrain(header)
                 if remaining is None and has_control_text(header) is None and (
-                    header.recipient is None or (
-                        not junk_channel_word(header.recipient)
-                        and (not self.tools or _declared(header.recipient, self.tools)))
+                    header.recipient is None or plausible_recipient(header.recipient, self.tools)
                 ):
                     return header
         res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
@@ -603,10 +601,3 @@ class Machine:
             stop=self.stop,
             complete=not self.open_at_end,
         )
-
-
-def _declared(recipient: str, tools: frozenset[str]) -> bool:
-    bare = recipient[len("functions.") :] if recipient.startswith("functions.") else recipient
-    if not recipient.startswith("functions.") and "." in recipient:
-        return True  # a built-in tool (browser.search, python, ...)
-    return bare in tools or recipient in tools or recipient == "python"
