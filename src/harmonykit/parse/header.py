@@ -11,7 +11,6 @@ Two readings of a header live here and nowhere else:
 
 from __future__ import annotations
 
-import codecs
 import re
 import unicodedata
 from bisect import bisect_right
@@ -35,6 +34,7 @@ RUST_WS = frozenset(
     + "".join(chr(c) for c in range(0x2000, 0x200B))
 )
 _ASCII_WS = re.compile(r"[ \t\n\x0c\r]+")
+_WORD = re.compile(r"[^ \t\n\x0c\r]+")
 _CHANNEL_END = re.compile("[<" + re.escape("".join(sorted(RUST_WS))) + "]")
 _ROLES = {r.value: r for r in Role}
 KNOWN_CHANNELS = ("analysis", "commentary", "final")
@@ -199,6 +199,17 @@ def has_control_text(header: Header) -> str | None:
 
 
 @dataclass
+class _Segment:
+    """A stretch of a header: a run of text tokens, or one marker token."""
+
+    char_start: int
+    text: str
+    first: int  # index of its first token
+    tokens: Sequence[int]
+    _byte_starts: list[int] | None = None
+
+
+@dataclass
 class HeaderText:
     """A header's tokens decoded, with <|channel|> and <|constrain|> kept as marker text."""
 
@@ -206,92 +217,81 @@ class HeaderText:
     first: int
     end: int
     has_special: bool
+    token_bytes: Callable[[int], bytes]
     repairs: list[Repair] = field(default_factory=list)
-    # (char offset, token index) at each token start, for mapping text back to tokens.
-    _char_starts: list[int] = field(default_factory=list)
-    _tokens: list[int] = field(default_factory=list)
+    segments: list[_Segment] = field(default_factory=list)
 
     def token_at(self, char: int) -> int:
         """Index of the token holding character ``char`` (``end`` past the text)."""
-        if char >= len(self.text):
+        if char >= len(self.text) or not self.segments:
             return self.end
-        k = bisect_right(self._char_starts, char) - 1
-        return self._tokens[max(k, 0)]
+        k = max(bisect_right([seg.char_start for seg in self.segments], char) - 1, 0)
+        seg = self.segments[k]
+        if len(seg.tokens) == 1:
+            return seg.first
+        if seg._byte_starts is None:  # worked out only when a repair needs it
+            starts, pos = [], 0
+            for t in seg.tokens:
+                starts.append(pos)
+                pos += len(self.token_bytes(t))
+            seg._byte_starts = starts
+        byte = len(seg.text[: char - seg.char_start].encode("utf-8", "surrogatepass"))
+        return seg.first + max(bisect_right(seg._byte_starts, byte) - 1, 0)
 
 
 def decode_header(
-    tokens: Sequence[int], first: int, token_bytes: Callable[[int], bytes | None]
+    tokens: Sequence[int],
+    first: int,
+    token_bytes: Callable[[int], bytes],
+    decode_run: Callable[[Sequence[int]], bytes],
 ) -> HeaderText:
     """Decode header tokens, setting aside control tokens and marking bad bytes.
 
-    Linear in the number of tokens: each token's bytes go once through an
-    incremental decoder, which also gives the character where each token starts.
+    Linear in the number of tokens: each run of text tokens is decoded at once.
     """
     parts: list[str] = []
     repairs: list[Repair] = []
-    char_starts: list[int] = []
-    indices: list[int] = []
+    segments: list[_Segment] = []
     length = 0
     has_special = False
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    run_start: int | None = None  # first token of the current run of text
-    run_bytes: list[bytes] = []
-
-    def flush() -> None:
-        nonlocal length, run_start
-        if run_start is None:
-            return
-        tail = decoder.decode(b"", final=True)
-        parts.append(tail)
-        length += len(tail)
-        decoder.reset()
-        try:
-            b"".join(run_bytes).decode("utf-8")
-        except UnicodeDecodeError:
-            repairs.append(Repair("invalid_utf8", run_start, index_end,
-                                  "header bytes that are not UTF-8 were replaced by U+FFFD"))
-        run_start = None
-        run_bytes.clear()
-
-    index_end = first
-    for k, tok in enumerate(tokens):
-        index = first + k
-        data = token_bytes(tok) if 0 <= tok < STARTOFTEXT else None
-        if data is not None:
-            if run_start is None:
-                run_start = index
-            char_starts.append(length)
-            indices.append(index)
-            text = decoder.decode(data)
+    i, n = 0, len(tokens)
+    while i < n:
+        tok = tokens[i]
+        if 0 <= tok < STARTOFTEXT:
+            j = i + 1
+            while j < n and 0 <= tokens[j] < STARTOFTEXT:
+                j += 1
+            raw = decode_run(tokens[i:j])
+            text = raw.decode("utf-8", "replace")
+            if "\ufffd" in text and text.count("\ufffd") != raw.count("\ufffd".encode()):
+                repairs.append(Repair("invalid_utf8", first + i, first + j,
+                                      "header bytes that are not UTF-8 were replaced by U+FFFD"))
+            segments.append(_Segment(length, text, first + i, tokens[i:j]))
             parts.append(text)
             length += len(text)
-            run_bytes.append(data)
-            index_end = index + 1
+            i = j
             continue
-        flush()
         has_special = True
         if tok == CHANNEL or tok == CONSTRAIN:
             marker = SPECIAL_TOKEN_NAMES[tok]
-            char_starts.append(length)
-            indices.append(index)
+            segments.append(_Segment(length, marker, first + i, tokens[i : i + 1]))
             parts.append(marker)
             length += len(marker)
         else:
             what = SPECIAL_TOKEN_NAMES.get(tok, f"invalid token id {tok}")
-            repairs.append(
-                Repair("control_token_in_header", index, index + 1, f"{what} removed from a header")
-            )
-    flush()
-    text = "".join(parts)
-    return HeaderText(text, first, first + len(tokens), has_special, repairs, char_starts, indices)
+            repairs.append(Repair("control_token_in_header", first + i, first + i + 1,
+                                  f"{what} removed from a header"))
+        i += 1
+    return HeaderText("".join(parts), first, first + n, has_special, token_bytes, repairs, segments)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Word:
     start: int
     end: int
     text: str
     section: int
+    n: int  # ordinal among all words of the header (plain words are not kept)
     used: bool = False
 
 
@@ -330,34 +330,89 @@ def plausible_recipient(recipient: str, tools: frozenset[str] | None) -> bool:
     return _tool_match(recipient, tools)
 
 
+_CHANNEL_NAMES = ("analysis", "commentary", "final")
+_FOLLOWERS = 8  # words kept after "to=" (tool names with spaces) and <|constrain|>
+
+
 def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
-    """Split header text into words and channel values (start, end, value) per marker."""
+    """The words of a header that can be header fields, and its channel values.
+
+    Returns (words, channels): channels are (start, end, value) per <|channel|>.
+    Plain words (most of the text of a header that is really prose) are not
+    kept: they are always left over, and ``leftover`` reads them from the text.
+    Kept: the first two words, "to=" and <|constrain|> words and the words
+    after them, words holding a channel name, content-type words, and the last
+    plain word. Keeping a header of a million words as objects would be slow.
+    """
     words: list[_Word] = []
     channels: list[tuple[int, int, str]] = []
     pos = 0
     section = 0
+    n = 0
+    follow = 0
+    last_plain: _Word | None = None
     while True:
         idx = text.find(CHANNEL_MARKER, pos)
         chunk_end = idx if idx != -1 else len(text)
-        for m in re.finditer(r"[^ \t\n\x0c\r]+", text[pos:chunk_end]):
-            s = pos + m.start()
+        for m in _WORD.finditer(text, pos, chunk_end):
+            s = m.start()
             piece = m.group()
-            # <|constrain|> always starts a word of its own.
-            for k, sub in enumerate(piece.split(CONSTRAIN_MARKER)):
-                if k > 0:
-                    sub = CONSTRAIN_MARKER + sub
-                if sub:
-                    words.append(_Word(s, s + len(sub), sub, section))
+            pieces = [piece]
+            if CONSTRAIN_MARKER in piece:
+                # <|constrain|> always starts a word of its own.
+                pieces = [(CONSTRAIN_MARKER + sub if k else sub) for k, sub in
+                          enumerate(piece.split(CONSTRAIN_MARKER))]
+            for sub in pieces:
+                if not sub:
+                    continue
+                word = _Word(s, s + len(sub), sub, section, n)
+                marker = sub.startswith(("to=", CONSTRAIN_MARKER))
+                if marker or follow or n < 2 or _is_content_type(sub) \
+                        or any(c in sub for c in _CHANNEL_NAMES):
+                    words.append(word)
+                    follow = _FOLLOWERS if marker else max(follow - 1, 0)
+                else:
+                    last_plain = word
+                n += 1
                 s += len(sub)
         if idx == -1:
             break
         section += 1
+        follow = 0
         after = idx + len(CHANNEL_MARKER)
         m2 = _CHANNEL_END.search(text, after)
         value_end = m2.start() if m2 else len(text)
         channels.append((idx, value_end, text[after:value_end]))
         pos = value_end
+    if last_plain is not None and (not words or words[-1].n < last_plain.n):
+        words.append(last_plain)
     return words, channels
+
+
+def _leftover(text: str, removed: list[tuple[int, int]]) -> tuple[str, int, int]:
+    """The text with header fields cut out: one space where a field stood, ends trimmed.
+
+    Returns (leftover, start, end): where the leftover begins and ends in ``text``.
+    """
+    kept: list[tuple[int, int]] = []
+    pos = 0
+    for a, b in sorted(removed):
+        if a > pos:
+            kept.append((pos, a))
+        pos = max(pos, b)
+    if pos < len(text):
+        kept.append((pos, len(text)))
+    pieces: list[str] = []
+    start, end = 0, 0
+    for a, b in kept:
+        piece = text[a:b]
+        stripped = piece.strip(" \t\n\x0c\r")
+        if stripped:
+            if not pieces:
+                start = a + piece.index(stripped[0])
+            end = a + len(piece.rstrip(" \t\n\x0c\r"))
+            pieces.append(stripped)
+    return " ".join(pieces), start, end
 
 
 def junk_channel_word(word: str) -> bool:
@@ -394,7 +449,7 @@ def resolve(
 
     channel_candidates: list[tuple[str, int, int]] = []
     # Role.
-    first = words[0] if words and words[0].section == 0 else None
+    first = words[0] if words and words[0].section == 0 and words[0].n == 0 else None
     role: Role
     name: str | None = None
     if role_hint is not None:
@@ -412,7 +467,7 @@ def resolve(
             first.start += len(CONSTRAIN_MARKER)
             first.text = first.text[len(CONSTRAIN_MARKER) :]
         exact = _ROLES.get(first.text)
-        nxt = words[1] if len(words) > 1 else None
+        nxt = words[1] if len(words) > 1 and words[1].n == 1 else None
         if exact is not None:
             role, first.used = exact, True
         elif _take_role_word(first, None, channel_candidates, rep):
@@ -438,7 +493,7 @@ def resolve(
         w.used = True
         value, end = w.text[3:], w.end
         j = i + 1
-        if not value and j < len(words) and not words[j].used \
+        if not value and j < len(words) and not words[j].used and words[j].n == w.n + 1 \
                 and words[j].section == w.section \
                 and not words[j].text.startswith((CONSTRAIN_MARKER, "to=")):
             value, end = words[j].text, words[j].end
@@ -462,7 +517,7 @@ def resolve(
         w.used = True
         value, end = w.text, w.end
         if value == CONSTRAIN_MARKER and i + 1 < len(words) and not words[i + 1].used \
-                and words[i + 1].section == w.section \
+                and words[i + 1].n == w.n + 1 and words[i + 1].section == w.section \
                 and not words[i + 1].text.startswith(CONSTRAIN_MARKER):
             value, end = value + words[i + 1].text, words[i + 1].end
             words[i + 1].used = True
@@ -515,13 +570,10 @@ def resolve(
             rep("unknown_header_word", start, end, f"content type {value!r} dropped with its header")
         content_type = None
 
-    leftover_words = [w for w in words if not w.used]
-    leftover = _join(text, leftover_words)
+    removed = [(a, b) for a, b, _ in channel_values] + [(w.start, w.end) for w in words if w.used]
+    leftover, left_start, left_end = _leftover(text, removed)
     res = Resolution(Header(role, name, recipient, channel, content_type), leftover,
-                     repairs=repairs)
-    if leftover_words:
-        res.leftover_start = leftover_words[0].start
-        res.leftover_end = leftover_words[-1].end
+                     leftover_start=left_start, leftover_end=left_end, repairs=repairs)
     res.fields_start = min([s for _, s, _ in recipients + content_types], default=len(text))
     return res
 
@@ -555,9 +607,10 @@ def _spaced_name(
     words: list[_Word], j: int, section: int, value: str, tools: frozenset[str] | None
 ) -> int:
     """How many words after ``to=value`` belong to a recipient name with spaces."""
-    run = []
+    run: list[str] = []
     for w in words[j:]:
-        if w.used or w.section != section or w.text.startswith(("to=", CONSTRAIN_MARKER)):
+        if w.used or w.section != section or w.text.startswith(("to=", CONSTRAIN_MARKER)) \
+                or w.n != words[j].n + len(run):
             break
         run.append(w.text)
     if tools:
@@ -611,19 +664,6 @@ def _pick_recipient(
         rep("duplicate_recipient", recipients[0][1], recipients[-1][2],
             f"{len(recipients)} recipients given; {chosen!r} kept")
     return chosen
-
-
-def _join(text: str, words: list[_Word]) -> str:
-    """Leftover words with their original spacing, one space where header fields stood."""
-    out: list[str] = []
-    prev: _Word | None = None
-    for w in words:
-        if prev is not None:
-            between = text[prev.end : w.start]
-            out.append(between if between and not between.strip() else " ")
-        out.append(w.text)
-        prev = w
-    return "".join(out)
 
 
 def split_stripped_markup(text: str) -> list[tuple[str, str, int, int]] | None:

@@ -357,7 +357,7 @@ class Machine:
         return out.decode("utf-8")
 
     def _tolerant_header(self, start: int, index: int) -> Header:
-        ht = decode_header(self.header_tokens, start, self._maybe_bytes)
+        ht = decode_header(self.header_tokens, start, self._token_bytes, self._decode_run)
         if not ht.repairs and not self._weak:
             try:
                 header, remaining = parse_reference(ht.text, self.next_role, True)
@@ -392,9 +392,6 @@ class Machine:
         self.repairs += res.repairs
         return res.header
 
-    def _maybe_bytes(self, token: int) -> bytes | None:
-        return self._token_bytes(token)
-
     def _headerless(self, token: int, index: int) -> None:
         # A stop token ended a header that never reached <|message|>.
         self._close_header_without_body(index + 1, terminated=True, stop_token=token)
@@ -419,7 +416,7 @@ class Machine:
         if self._weak and not terminated:
             self._skip(end, "stray_text", "text outside any message")
             return
-        ht = decode_header(tokens, start, self._maybe_bytes)
+        ht = decode_header(tokens, start, self._token_bytes, self._decode_run)
         pieces = None if ht.has_special else split_stripped_markup(ht.text)
         if pieces:
             self.repairs += ht.repairs
