@@ -68,6 +68,15 @@ CLASSES: list[tuple[str, list[str] | None, list[tuple[Any, ...]], set[str]]] = [
      [("commentary", "functions.shell", "json", "{}")], {"content_type_glued"}),
     # empty channel
     ("<|channel|><|message|>Hi<|return|>", None, [("final", None, None, "Hi")], {"empty_channel"}),
+    # junk channel headers before the real message (llama.cpp #27720): noise is set aside,
+    # free text after an empty channel keeps no channel
+    ("<|channel|>commentary 2?<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>", None,
+     [("final", None, None, "Hi")], {"empty_message"}),
+    ("<|channel|>??<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>", None,
+     [("final", None, None, "Hi")], {"empty_message"}),
+    ("<|channel|>final 4<|return|>", None, [("final", None, None, "4")], {"missing_message_token"}),
+    ("<|channel|> some free text<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>", None,
+     [(None, None, None, "some free text"), ("final", None, None, "Hi")], {"empty_channel"}),
     # missing <|start|> between messages
     ("<|channel|>analysis<|message|>a<|end|><|channel|>final<|message|>b<|return|>", None,
      [("analysis", None, None, "a"), ("final", None, None, "b")], {"missing_start"}),
@@ -101,6 +110,9 @@ CLASSES: list[tuple[str, list[str] | None, list[tuple[Any, ...]], set[str]]] = [
     # stripped special tokens
     ("analysisthinking hardassistantfinalThe answer", None,
      [("analysis", None, None, "thinking hard"), ("final", None, None, "The answer")], {"stripped_markup"}),
+    ('analysisNeed weather.assistantcommentary to=functions.get_weather json{"city": "Paris"}', None,
+     [("analysis", None, None, "Need weather."),
+      ("commentary", "functions.get_weather", "json", '{"city": "Paris"}')], {"stripped_markup"}),
 ]
 
 

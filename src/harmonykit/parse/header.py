@@ -539,7 +539,7 @@ def resolve(
             else:
                 channel_candidates.append((w.text, w.start, w.end))
 
-    channel = _pick_channel(channel_candidates, rep)
+    channel = _pick_channel(channel_candidates, rep, assume_final=with_body)
     recipient = _pick_recipient(recipients, tools, rep)
     content_type = content_types[-1][0] if content_types else None
     if len(content_types) > 1:
@@ -629,23 +629,29 @@ def _spaced_name(
 
 
 def _pick_channel(
-    candidates: list[tuple[str, int, int]], rep: Callable[[str, int, int, str], None]
+    candidates: list[tuple[str, int, int]],
+    rep: Callable[[str, int, int, str], None],
+    assume_final: bool,
 ) -> str | None:
+    """The last channel named, repaired; an empty one is ``final`` when a body follows."""
     if not candidates:
         return None
     chosen: str | None = None
-    named = [c for c in candidates if c[0]]
-    for value, start, end in named:
+    for value, start, end in candidates:
+        if not value:
+            continue
         fixed = _repair_channel(value)
         if fixed is not None and fixed != value:
             rep("channel_repaired", start, end, f"channel {value!r} read as {fixed!r}")
         chosen = fixed if fixed is not None else value
     if len(candidates) > 1:
         rep("duplicate_channel", candidates[0][1], candidates[-1][2],
-            f"{len(candidates)} channels given; {chosen or 'final'!r} kept")
+            f"{len(candidates)} channels given; {chosen or 'none'!r} kept")
     if chosen is None:
-        rep("empty_channel", candidates[0][1], candidates[0][2], "empty channel read as 'final'")
-        chosen = "final"
+        # <|channel|><|message|> after reasoning is the answer; with no <|message|> at
+        # all it is free text, left without a channel.
+        chosen = "final" if assume_final else None
+        rep("empty_channel", candidates[0][1], candidates[0][2], f"empty channel read as {chosen!r}")
     return chosen
 
 
@@ -666,20 +672,35 @@ def _pick_recipient(
     return chosen
 
 
-def split_stripped_markup(text: str) -> list[tuple[str, str, int, int]] | None:
+_STRIPPED_CALL = re.compile(r"\s*to=([^\s{\[]+)")
+_STRIPPED_TYPE = re.compile(r"\s*(json|code)(?=[\s{\[]|$)")
+
+
+def split_stripped_markup(
+    text: str,
+) -> list[tuple[str, str | None, str | None, str, int, int]] | None:
     """Text whose special tokens an engine stripped (``analysisUser says...assistantfinalHi``).
 
-    Returns (channel, body, start, end) pieces, or None when the text does not
-    look like stripped Harmony.
+    Returns (channel, recipient, content type, body, start, end) pieces, or None
+    when the text does not look like stripped Harmony. A stripped tool call reads
+    ``commentary to=functions.f json{"a": 1}``.
     """
     m = _STRIPPED.match(text)
     if not m:
         return None
-    pieces: list[tuple[str, str, int, int]] = []
+    pieces: list[tuple[str, str | None, str | None, str, int, int]] = []
     starts = [m.start(1)] + [x.end() for x in _STRIPPED_SPLIT.finditer(text)]
     cuts = [x.start() for x in _STRIPPED_SPLIT.finditer(text)] + [len(text)]
     for start, end in zip(starts, cuts, strict=True):
         seg = text[start:end]
         channel = next(c for c in KNOWN_CHANNELS if seg.startswith(c))
-        pieces.append((channel, seg[len(channel) :].strip(), start, end))
+        rest = seg[len(channel) :]
+        recipient = content_type = None
+        call = _STRIPPED_CALL.match(rest)
+        if call:
+            recipient, rest = call.group(1), rest[call.end() :]
+            ctype = _STRIPPED_TYPE.match(rest)
+            if ctype:
+                content_type, rest = ctype.group(1), rest[ctype.end() :]
+        pieces.append((channel, recipient, content_type, rest.strip(), start, end))
     return pieces

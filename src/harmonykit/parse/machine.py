@@ -14,6 +14,7 @@ a skipped range with a repair that says why.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Final
@@ -52,6 +53,7 @@ from .header import (
 from .result import ParseResult, Repair
 
 REPLACEMENT: Final = "\ufffd"
+_WORDISH: Final = re.compile(r"\w\w|[^\W\d_]")  # two word characters, or one letter
 
 
 class Kind(Enum):
@@ -421,17 +423,18 @@ class Machine:
         if pieces:
             self.repairs += ht.repairs
             role = role_hint or self._default_role
-            for k, (channel, body, _s, e) in enumerate(pieces):
+            for k, (channel, recipient, content_type, body, _s, e) in enumerate(pieces):
                 cut = end if k == len(pieces) - 1 else max(ht.token_at(e), self._cursor + 1)
-                self._emit(Header(role, None, None, channel, None), body, cut)
+                self._emit(Header(role, None, recipient, channel, content_type), body, cut)
             self.repairs.append(Repair("stripped_markup", start, end,
                                        f"{len(pieces)} messages read from text without special tokens"))
             return
         res = resolve(ht, role_hint, self._default_role, self.tools, with_body=False)
         self.repairs += ht.repairs + res.repairs
         body = res.leftover.strip()
-        if not body:
-            self._skip(end, "empty_message", "a header with no body")
+        if not body or (res.header.channel != "final" and not _WORDISH.search(body)):
+            # Nothing, or noise such as "??" or "2?" (an answer of "4" on final is kept).
+            self._skip(end, "empty_message", f"a header with no body{f': {body!r}' if body else ''}")
             return
         self.repairs.append(Repair("missing_message_token", start, end,
                                    "header without <|message|>; its text became the body"))
