@@ -80,6 +80,10 @@ CLASSES: list[tuple[str, list[str] | None, list[tuple[Any, ...]], set[str]]] = [
     # missing <|start|> between messages
     ("<|channel|>analysis<|message|>a<|end|><|channel|>final<|message|>b<|return|>", None,
      [("analysis", None, None, "a"), ("final", None, None, "b")], {"missing_start"}),
+    # the engine dropped <|start|>assistant<|channel|> (vLLM "Unexpected token 12606")
+    ("<|channel|>analysis<|message|>a<|end|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+     ["f"], [("analysis", None, None, "a"), ("commentary", "functions.f", "<|constrain|>json", "{}")],
+     {"missing_channel_marker"}),
     # doubled <|start|>, doubled role word
     ("<|channel|>analysis<|message|>a<|end|><|start|><|start|>assistant<|channel|>final<|message|>b<|return|>",
      None, [("analysis", None, None, "a"), ("final", None, None, "b")], {"doubled_start"}),

@@ -484,6 +484,14 @@ def resolve(
     # Channel values after each <|channel|>.
     for start, end, value in channel_values:
         channel_candidates.append((value, start, end))
+    # No <|channel|> at all, but the header opens with a channel name ("commentary to=...").
+    opening = next((w for w in words if not w.used and w.section == 0 and w.n <= 1), None)
+    if not channel_values and not channel_candidates and opening is not None \
+            and opening.text in KNOWN_CHANNELS and (opening.n == 0 or words[0].used):
+        opening.used = True
+        channel_candidates.append((opening.text, opening.start, opening.end))
+        rep("missing_channel_marker", opening.start, opening.end,
+            f"channel {opening.text!r} written without <|channel|>")
 
     # Recipients, with names of several words.
     recipients: list[tuple[str, int, int]] = []

@@ -360,7 +360,9 @@ class Machine:
 
     def _tolerant_header(self, start: int, index: int) -> Header:
         ht = decode_header(self.header_tokens, start, self._token_bytes, self._decode_run)
-        if not ht.repairs and not self._weak:
+        if self._weak:
+            self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
+        elif not ht.repairs:
             try:
                 header, remaining = parse_reference(ht.text, self.next_role, True)
             except HeaderError:
@@ -436,6 +438,8 @@ class Machine:
             # Nothing, or noise such as "??" or "2?" (an answer of "4" on final is kept).
             self._skip(end, "empty_message", f"a header with no body{f': {body!r}' if body else ''}")
             return
+        if self._weak:
+            self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
         self.repairs.append(Repair("missing_message_token", start, end,
                                    "header without <|message|>; its text became the body"))
         self._emit(res.header, body, end)
