@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -211,3 +212,11 @@ def test_wild_messages(enc: hk.HarmonyEncoding, case_id: str) -> None:
     case = next(c for c in WILD if c["id"] == case_id)
     tools = [t["function"]["name"] for t in case.get("request", {}).get("tools", [])] or None
     assert shape(parse(enc, case["text"], tools)) == WILD_MESSAGES[case_id]
+
+
+def test_every_repair_kind_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "parsing.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", doc, re.M))
+    assert documented == set(hk.REPAIR_KINDS)

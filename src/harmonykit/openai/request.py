@@ -205,7 +205,7 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
     >>> from harmonykit import load_harmony_encoding
     >>> enc = load_harmony_encoding("HarmonyGptOss")
     >>> p = render_chat_request(enc, {"messages": [{"role": "user", "content": "Hi"}]})
-    >>> enc.decode_utf8(p.tokens[-12:])
+    >>> enc.decode_utf8(p.tokens[-7:])
     '<|start|>user<|message|>Hi<|end|><|start|>assistant'
     """
     if not isinstance(request, dict):

@@ -39,7 +39,7 @@ class ParseResult:
     >>> toks = enc.encode("<|channel|>final<|message|>Hi<|end|><|return|>", allowed_special="all")
     >>> r = enc.parse_completion(toks)
     >>> [m.content[0].text for m in r.messages], r.skipped, r.repairs[0].kind
-    (['Hi'], [(6, 7)], 'stray_stop_token')
+    (['Hi'], [(5, 6)], 'stray_stop_token')
     """
 
     messages: list[Message] = field(default_factory=list)
