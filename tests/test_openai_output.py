@@ -92,15 +92,14 @@ def test_wild_case_meets_its_expectation(enc: hk.HarmonyEncoding, case: dict[str
                                    "choices": [choice]})
 
 
-def _stream_chat(tokens: list[int], cuts: list[int], request: dict[str, Any] | None,
-                 finish: str) -> list[dict[str, Any]]:
-    stream = ChatCompletionStream(_ENC, request=request)
-    chunks: list[dict[str, Any]] = []
+def _in_chunks(stream: Any, tokens: list[int], cuts: list[int], finish: str) -> list[dict[str, Any]]:
+    """Everything a stream sends when the tokens arrive in chunks cut at ``cuts``."""
+    out: list[dict[str, Any]] = []
     pos = 0
     for cut in [*sorted(set(cuts)), len(tokens)]:
-        chunks += stream.feed(tokens[pos:cut])
+        out += stream.feed(tokens[pos:cut])
         pos = max(pos, cut)
-    return chunks + stream.close(finish)
+    return out + stream.close(finish)
 
 
 def _without_ids(message: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +121,7 @@ def test_chat_stream_concatenates_to_the_choice(case: tuple[list[int], hk.Role |
                                                 finish: str) -> None:
     tokens, _ = case
     choice = completion_to_chat_choice(_ENC, tokens, request=TOOLS_REQUEST, finish_reason=finish)
-    chunks = _stream_chat(tokens, cuts, TOOLS_REQUEST, finish)
+    chunks = _in_chunks(ChatCompletionStream(_ENC, request=TOOLS_REQUEST), tokens, cuts, finish)
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
@@ -149,13 +148,7 @@ def test_responses_stream_matches_output(case: tuple[list[int], hk.Role | None],
                                          finish: str) -> None:
     tokens, _ = case
     items = completion_to_response_output(_ENC, tokens, request=TOOLS_REQUEST, finish_reason=finish)
-    stream = ResponsesStream(_ENC, request=TOOLS_REQUEST)
-    events: list[dict[str, Any]] = []
-    pos = 0
-    for cut in [*sorted(set(cuts)), len(tokens)]:
-        events += stream.feed(tokens[pos:cut])
-        pos = max(pos, cut)
-    events += stream.close(finish)
+    events = _in_chunks(ResponsesStream(_ENC, request=TOOLS_REQUEST), tokens, cuts, finish)
     for ev in events:
         validate_event(ev)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

@@ -164,14 +164,19 @@ def test_invalid_utf8_in_body(enc: hk.HarmonyEncoding, middle: list[int | str], 
         assert enc.parse_messages_from_completion_tokens(tokens, None, strict=strict) == p.messages
 
 
-def test_deltas_add_up_without_eos(enc: hk.HarmonyEncoding) -> None:
-    tokens = enc.encode(PREFIX, allowed_special="all") + [9552] + enc.encode(" interesting story")
+def _with_deltas(enc: hk.HarmonyEncoding, tokens: list[int]) -> tuple[hk.StreamableParser, list[str]]:
     p = hk.StreamableParser(enc, None)
     deltas = []
     for t in tokens:
         p.process(t)
         if p.last_content_delta is not None:
             deltas.append(p.last_content_delta)
+    return p, deltas
+
+
+def test_deltas_add_up_without_eos(enc: hk.HarmonyEncoding) -> None:
+    tokens = enc.encode(PREFIX, allowed_special="all") + [9552] + enc.encode(" interesting story")
+    p, deltas = _with_deltas(enc, tokens)
     assert p.current_content == "".join(deltas) == " \ufffd interesting story"
     p.process(enc.encode("Y")[0])
     assert p.last_content_delta == "Y"
@@ -182,12 +187,7 @@ def test_tricky_utf8_streams_whole(enc: hk.HarmonyEncoding) -> None:
     text = ("Hello Müller, Γειά σου, Привет, שלום, مرحبا, नमस्ते, こんにちは, 안녕하세요, 你好. "
             "naïve vs naïve. Some emojis: 😊👋🏾👨‍👩‍👧‍👦🇺🇸.")
     tokens = enc.encode(PREFIX, allowed_special="all") + enc.encode(text) + [200007]
-    p = hk.StreamableParser(enc, None)
-    deltas = []
-    for t in tokens:
-        p.process(t)
-        if p.last_content_delta is not None:
-            deltas.append(p.last_content_delta)
+    p, deltas = _with_deltas(enc, tokens)
     assert p.messages == [M.from_role_and_content(R.ASSISTANT, text)]
     assert "".join(deltas) == text
 
