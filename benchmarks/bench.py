@@ -105,7 +105,7 @@ def main() -> None:
            best(lambda: oh.load_harmony_encoding("HarmonyGptOss"), repeat=3))
 
     print("\nRendering:")
-    ours_convo, ref_convo = long_conversation(hk, 40), long_conversation(oh, 40)
+    ours_convo, ref_convo = long_conversation(hk, 105), long_conversation(oh, 105)
     n = len(enc.render_conversation_for_completion(ours_convo, hk.Role.ASSISTANT))
     assert n == len(ref.render_conversation_for_completion(ref_convo, oh.Role.ASSISTANT))
     t_ours = best(lambda: enc.render_conversation_for_completion(ours_convo, hk.Role.ASSISTANT))
