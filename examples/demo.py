@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harmonykit import HarmonyEncodingName, HarmonyError, Role, load_harmony_encoding
 from harmonykit.cli import main as cli
+from harmonykit.openai import completion_to_chat_choice
 from harmonykit.vocab import candidate_sources
 
 HERE = Path(__file__).resolve().parent
@@ -63,6 +64,13 @@ def main() -> int:
         path.write_text(ex["text"], encoding="utf-8")
         tools = [a for t in ex["tools"] for a in ("--tool", t)]
         cli(["inspect", str(path), *tools])
+        request = {"tools": [{"type": "function", "function": {"name": t}} for t in ex["tools"]]}
+        choice = completion_to_chat_choice(enc, tokens, request=request,
+                                           finish_reason=ex.get("engine_finish_reason", "stop"))
+        message = {k: v for k, v in choice["message"].items() if v is not None}
+        print("a Chat Completions client gets:",
+              json.dumps({"message": message, "finish_reason": choice["finish_reason"]},
+                         ensure_ascii=False)[:300])
     first = examples[0]
     print(f"\n=== harmonykit parse {first['name']}.txt (JSON for programs)")
     cli(["parse", str(work / f"{first['name']}.txt")])

@@ -149,6 +149,7 @@ class Turn:
         self._after_call = False
         self._has_final = False
         self._pending: list[str] = []  # bodies of messages without a channel
+        self._held: list[tuple[str, int, str]] = []  # text that came after them
         self._last: tuple[str, int] | None = None
         self._events: list[Event] = []
         self._cut = False  # the engine stopped at max_tokens
@@ -262,7 +263,11 @@ class Turn:
                 self._show_call(op, op.extent.arguments(body))
 
     def _text(self, kind: str, key: int, text: str) -> None:
-        if not text:
+        if not text and kind != "call":
+            return
+        if self._pending:
+            # Text without a channel came first and is not decided yet: keep the order.
+            self._held.append((kind, key, text))
             return
         if self._last != (kind, key):
             self._events.append(("open", kind, key))
@@ -273,8 +278,7 @@ class Turn:
         name = op.header.recipient or ""
         name = name[len("functions."):] if name.startswith("functions.") else name
         self.calls[op.key] = Call(op.key, name, new_id("call"), arguments)
-        self._events += [("open", "call", op.key), ("text", "call", op.key, arguments)]
-        self._last = ("call", op.key)
+        self._text("call", op.key, arguments)
         op.shown = True
 
     def _finish(self, op: _Open, text: str, stopped: bool) -> None:
@@ -318,6 +322,9 @@ class Turn:
         self._pending = []
         self._keys += 1
         self._text(kind, self._keys, text)
+        held, self._held = self._held, []
+        for event in held:
+            self._text(*event)
         self.notes.append({"kind": "headerless_text", "detail": f"text without a channel shown as {kind}",
                            "text": text})
 
