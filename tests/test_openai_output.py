@@ -222,3 +222,16 @@ def test_openai_package_is_not_imported() -> None:
     code = "import sys, harmonykit.openai; print('openai' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_headerless_text_keeps_its_place(enc: hk.HarmonyEncoding) -> None:
+    text = ("Plain first.<|end|><|start|>assistant<|channel|>analysis<|message|>Think.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Answer<|return|>")
+    tokens = enc.encode(text, allowed_special="all")
+    choice = completion_to_chat_choice(enc, tokens)
+    assert choice["message"]["reasoning_content"] == "Plain first.\n\nThink."
+    assert choice["message"]["content"] == "Answer"
+    # Streamed, nothing after the undecided text goes out before it.
+    chunks = _in_chunks(ChatCompletionStream(enc), tokens, list(range(len(tokens))), "stop")
+    reasoning = [c["choices"][0]["delta"].get("reasoning_content") for c in chunks if c["choices"]]
+    assert [r for r in reasoning if r] == ["Plain first.", "\n\n", "Think."]
