@@ -210,9 +210,6 @@ def schema_to_typescript(schema: Any, indent: str) -> str:
             if isinstance(schema, dict) and "items" in schema:
                 return f"{schema_to_typescript(schema['items'], indent)}[]"
             return "Array<any>"
-        return "any"
-    if one_of is not None and isinstance(one_of, list):  # pragma: no cover - handled above
-        return "\n | ".join(schema_to_typescript(v, indent) for v in one_of)
     return "any"
 
 
