@@ -118,19 +118,16 @@ class HarmonyEncoding:
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
             return self._bpe.encode(text, allowed_special=allowed, disallowed_special=())
 
-    def _check_ids(self, tokens: Sequence[int]) -> None:
-        for t in tokens:
-            if not 0 <= t < N_VOCAB:
-                raise HarmonyError(f"Invalid token for decoding: {t}")
-
     def decode_bytes(self, tokens: Sequence[int]) -> bytes:
         """The bytes of ``tokens`` (special tokens as their ``<|...|>`` text)."""
         toks = list(tokens)
         try:
             return self._bpe.decode_bytes(toks)
         except (KeyError, OverflowError, TypeError, ValueError):
-            self._check_ids(toks)
-            raise
+            bad = next((t for t in toks if not 0 <= t < N_VOCAB), None)
+            if bad is None:
+                raise
+            raise HarmonyError(f"Invalid token for decoding: {bad}") from None
 
     def decode(self, tokens: Sequence[int], errors: str = "replace") -> str:
         """Decode to text; invalid UTF-8 is replaced (or handled as ``errors`` says)."""
@@ -138,17 +135,10 @@ class HarmonyEncoding:
 
     def decode_utf8(self, tokens: Sequence[int]) -> str:
         """Decode to text; raises HarmonyError on invalid UTF-8 or an unknown id."""
-        toks = list(tokens)
         try:
-            data = self._bpe.decode_bytes(toks)
-        except (KeyError, OverflowError, TypeError, ValueError):
-            for t in toks:
-                if not 0 <= t < N_VOCAB:
-                    raise HarmonyError(
-                        "Could not decode tokens: Invalid token error: "
-                        f"Invalid token for decoding: {t}"
-                    ) from None
-            raise
+            data = self.decode_bytes(tokens)
+        except HarmonyError as e:
+            raise HarmonyError(f"Could not decode tokens: Invalid token error: {e}") from None
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:

@@ -168,10 +168,12 @@ class Machine:
         self._cursor = 0  # first token not yet in a span or skipped range
         self.header_tokens: list[int] = []
         self._weak = False  # the header is stray text, not a message begun with <|start|>
+        # The body being read: its header, its text delta by delta, bytes not yet
+        # valid UTF-8, the reference's undecodable tail (strict), the joined text.
         self.header: Header | None = None
-        self.parts: list[str] = []  # body text, delta by delta
-        self.pending = bytearray()  # body bytes not yet valid UTF-8
-        self._poisoned: list[int] = []  # strict: the reference's undecodable tail
+        self.parts: list[str] = []
+        self.pending = bytearray()
+        self._poisoned: list[int] = []
         self._joined = ""
         self._joined_parts = 0
 
@@ -261,32 +263,28 @@ class Machine:
             f"Unexpected token {token} while expecting start token {START}", token_index=index
         )
 
-    def _open_header(self, token: int, index: int) -> None:
+    def _begin_header(self, index: int, tokens: list[int], *, weak: bool, implied: bool) -> None:
+        # ``implied``: no <|start|> + role came first, so the expected role stands in.
         self._skip_to(index)
         self.state = S.HEADER
-        self.header_tokens = []
-        self._weak = False
+        self.header_tokens = tokens
+        self._weak = weak
+        if implied:
+            self.next_role = self.next_role or self._default_role
+
+    def _open_header(self, token: int, index: int) -> None:
+        self._begin_header(index, [], weak=False, implied=False)
 
     def _open_implicit(self, token: int, index: int) -> None:
         # <|channel|> or <|message|> with no <|start|> before it.
-        self._skip_to(index)
+        self._begin_header(index, [] if token == MESSAGE else [token], weak=False, implied=True)
         self.repairs.append(Repair("missing_start", index, index, "message began without <|start|>"))
-        self.state = S.HEADER
-        self.header_tokens = []
-        self._weak = False
-        self.next_role = self.next_role or self._default_role
         if token == MESSAGE:
             self._close_header(token, index)
-        else:
-            self.header_tokens.append(token)
 
     def _open_stray(self, token: int, index: int) -> None:
         # Text after a message: kept as a header until something decides what it is.
-        self._skip_to(index)
-        self.state = S.HEADER
-        self.header_tokens = [token]
-        self._weak = True
-        self.next_role = self.next_role or self._default_role
+        self._begin_header(index, [token], weak=True, implied=True)
 
     def _stray_stop(self, token: int, index: int) -> None:
         self._skip_to(index)
@@ -312,12 +310,8 @@ class Machine:
         else:
             header = self._tolerant_header(start, index)
         self.next_role = None
-        self.header = header
+        self._reset_body(header)
         self.state = S.CONTENT
-        self.parts = []
-        self.pending = bytearray()
-        self._poisoned = []
-        self._joined, self._joined_parts = "", 0
 
     def _strict_header(self, start: int, index: int) -> Header:
         try:
@@ -511,6 +505,7 @@ class Machine:
             self._finish_body(index, None)
         else:
             self.state = S.EXPECT_START
+            self._reset_body(None)
             self._skip(index, "empty_message", f"{SPECIAL_TOKEN_NAMES[token]} followed <|message|>")
         if token == START:
             self._open_header(token, index)
@@ -544,12 +539,15 @@ class Machine:
         self._emit(header, text, end)
         self.stop = STOP_NAMES[stop_token] if stop_token is not None else None
         self.state = S.EXPECT_START
-        self.header = None
+        self._reset_body(None)
+        self.last_content_delta = None
+
+    def _reset_body(self, header: Header | None) -> None:
+        self.header = header
         self.parts = []
         self.pending = bytearray()
         self._poisoned = []
         self._joined, self._joined_parts = "", 0
-        self.last_content_delta = None
 
     def content_tokens(self) -> list[int]:
         """The body re-encoded delta by delta (what the reference's state shows)."""
