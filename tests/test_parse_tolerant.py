@@ -7,9 +7,12 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import harmonykit as hk
 from conftest import CASES
+from test_parse_differential import _ENC, mutated
 
 WILD = [json.loads(line) for line in CASES.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -112,6 +115,23 @@ CLASSES: list[tuple[str, list[str] | None, list[tuple[Any, ...]], set[str]]] = [
     # control tokens inside a body are dropped, not shown
     ("<|channel|>final<|message|>a<|constrain|>b<|endoftext|>c<|return|>", None,
      [("final", None, None, "abc")], {"control_token_in_body"}),
+    # mangled channel names: junk, repeats, case, a doubled channel word
+    ("<|channel|>final?final?<|message|>Hi<|return|>", None, [("final", None, None, "Hi")], {"channel_repaired"}),
+    ("<|channel|>––commentary<|message|>Hi<|end|>", None, [("commentary", None, None, "Hi")], {"channel_repaired"}),
+    ("<|channel|>Final.<|message|>Hi<|return|>", None, [("final", None, None, "Hi")], {"channel_repaired"}),
+    ("<|channel|>analysisanalysis<|message|>Hi<|end|>", None, [("analysis", None, None, "Hi")], {"channel_repaired"}),
+    ("<|channel|>final final<|message|>Hi<|return|>", None, [("final", None, None, "Hi")], {"channel_repaired"}),
+    # recipients that name nothing are dropped, never kept as a call
+    ("<|channel|>commentary to=functions.<|message|>{}<|call|>", ["f"], [("commentary", None, None, "{}")],
+     {"bad_recipient"}),
+    ("<|channel|>commentary to=<|message|>{}<|call|>", None, [("commentary", None, None, "{}")], {"bad_recipient"}),
+    # a role glued to the channel after a doubled <|start|>
+    ("<|start|>assistantfinal<|message|>Hello<|return|>", None, [("final", None, None, "Hello")],
+     {"glued_channel", "doubled_start"}),
+    # a control token's text never reaches a field or a body
+    ("<|channel|>commentary to=functions.f<|constrain|><|message|>{}<|call|>", ["f"],
+     [("commentary", "functions.f", None, "{}")], {"unknown_header_word"}),
+    ("<|end|><|start|><|constrain|>final<|end|>", None, [], {"stray_stop_token", "unknown_header_word"}),
     # stripped special tokens
     ("analysisthinking hardassistantfinalThe answer", None,
      [("analysis", None, None, "thinking hard"), ("final", None, None, "The answer")], {"stripped_markup"}),
@@ -220,3 +240,50 @@ def test_every_repair_kind_is_documented() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "parsing.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", doc, re.M))
     assert documented == set(hk.REPAIR_KINDS)
+
+
+def _text_from_span(enc: hk.HarmonyEncoding, tokens: list[int], result: hk.ParseResult) -> None:
+    """Every character of a message's text comes from a token inside its span (whitespace
+    and U+FFFD aside: repairs join words and replace bad bytes)."""
+    for m, (a, b) in zip(result.messages, result.spans, strict=True):
+        source = iter(c for c in enc.decode([t for t in tokens[a:b] if 0 <= t < 199998]) if not c.isspace())
+        text = m.content[0].text  # type: ignore[union-attr]
+        assert all(c in source for c in text if not c.isspace() and c != "\ufffd"), (text, (a, b))
+
+
+def _no_control_text(result: hk.ParseResult) -> None:
+    for m in result.messages:
+        for value in (m.author.name, m.recipient, m.channel, m.content_type, m.content[0].text):  # type: ignore[union-attr]
+            rest = (value or "").removeprefix("<|constrain|>")
+            assert not re.search(r"<\|[a-z_0-9]+\|>", rest), value
+
+
+@pytest.mark.parametrize("case", WILD, ids=[c["id"] for c in WILD])
+def test_wild_text_comes_from_its_span(enc: hk.HarmonyEncoding, case: dict[str, Any]) -> None:
+    tokens = enc.encode(case["text"], allowed_special="all")
+    result = enc.parse_completion(tokens)
+    _text_from_span(enc, tokens, result)
+    _no_control_text(result)
+
+
+@pytest.mark.parametrize("text", [
+    "<|channel|>analysis I'll check the weather now.\nto=functions.get_weather<|message|>{}<|call|>",
+    "<|channel|>analysis need to check the docs.\n to=browser.open code<|message|>{}<|call|>",
+    "analysisUser says hi. Probably greeting.assistantfinalHello!",
+])
+def test_prose_split_inside_a_token(enc: hk.HarmonyEncoding, text: str) -> None:
+    tokens = enc.encode(text, allowed_special="all")
+    result = enc.parse_completion(tokens)
+    assert len(result.messages) == 2
+    _text_from_span(enc, tokens, result)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(_ENC), st.sampled_from([None, ["get_weather"]]))
+def test_mutations_text_from_span_and_no_markup(case: tuple[list[int], hk.Role | None],
+                                               tools: list[str] | None) -> None:
+    tokens, role = case
+    result = _ENC.parse_completion(tokens, role, tools=tools)
+    _text_from_span(_ENC, tokens, result)
+    _no_control_text(result)
+    assert [(r.start, r.end) for r in result.repairs] == sorted((r.start, r.end) for r in result.repairs)

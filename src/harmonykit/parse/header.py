@@ -220,12 +220,25 @@ class HeaderText:
     token_bytes: Callable[[int], bytes]
     repairs: list[Repair] = field(default_factory=list)
     segments: list[_Segment] = field(default_factory=list)
+    _starts: list[int] | None = None
+
+    def token_after(self, char: int) -> int:
+        """Index just past the token holding character ``char - 1``: where text that ends at
+        ``char`` ends in tokens (a token such as ``'.\\n'`` may hold more than the text)."""
+        return self.first if char <= 0 else min(self.token_at(char - 1) + 1, self.end)
+
+    def markers(self) -> list[tuple[int, int]]:
+        """Character ranges of the <|channel|> and <|constrain|> tokens."""
+        return [(seg.char_start, seg.char_start + len(seg.text)) for seg in self.segments
+                if len(seg.tokens) == 1 and seg.tokens[0] in (CHANNEL, CONSTRAIN)]
 
     def token_at(self, char: int) -> int:
         """Index of the token holding character ``char`` (``end`` past the text)."""
         if char >= len(self.text) or not self.segments:
             return self.end
-        k = max(bisect_right([seg.char_start for seg in self.segments], char) - 1, 0)
+        if self._starts is None:  # built once: a header may ask for thousands of positions
+            self._starts = [seg.char_start for seg in self.segments]
+        k = max(bisect_right(self._starts, char) - 1, 0)
         seg = self.segments[k]
         if len(seg.tokens) == 1:
             return seg.first
@@ -318,10 +331,17 @@ def _tool_match(name: str, tools: frozenset[str] | None) -> bool:
     return bare in tools or name in tools
 
 
+def named_nothing(recipient: str) -> bool:
+    """A recipient that names nothing: empty, ``functions.`` alone, or holding markup."""
+    bare = recipient[len("functions.") :] if recipient.startswith("functions.") else recipient
+    return not bare or "<|" in recipient
+
+
 def plausible_recipient(recipient: str, tools: frozenset[str] | None) -> bool:
     """A recipient that needs no repair: a declared function, a built-in tool, or anything
-    when no tools were declared (but never a channel word wrapped in junk)."""
-    if junk_channel_word(recipient):
+    when no tools were declared (but never a channel word, or a role glued to one)."""
+    if named_nothing(recipient) or junk_channel_word(recipient) or recipient in KNOWN_CHANNELS \
+            or _GLUED_CHANNEL.match(recipient) or any(c in RUST_WS for c in recipient):
         return False
     if not tools or recipient == "python":
         return True
@@ -416,18 +436,30 @@ def _leftover(text: str, removed: list[tuple[int, int]]) -> tuple[str, int, int]
 
 
 def junk_channel_word(word: str) -> bool:
-    """A channel name wrapped in junk (``––commentary``, ``final?``), not a plain word."""
-    return re.sub(r"[^a-z]", "", word) in KNOWN_CHANNELS and bool(re.sub(r"[a-z]", "", word))
+    """A channel name wrapped in junk or repeated (``––commentary``, ``final?``), not a plain word."""
+    return word not in KNOWN_CHANNELS and repair_channel(word) is not None
 
 
-def _repair_channel(value: str) -> str | None:
+_MANGLED_CHANNEL = re.compile(r"(analysis|commentary|final)\1*")
+
+
+def repair_channel(value: str) -> str | None:
+    """The known channel a mangled channel name stands for (``––commentary``, ``final?final?``,
+    ``Final.``), or None; a known name is itself."""
     if value in KNOWN_CHANNELS:
         return value
-    letters = re.sub(r"[^a-z]", "", value.lower())
-    for known in KNOWN_CHANNELS:
-        if letters.startswith(known) or letters.endswith(known):
-            return known
-    return None
+    m = _MANGLED_CHANNEL.fullmatch(re.sub(r"[^a-z]", "", value.lower()))
+    return m.group(1) if m else None
+
+
+def sound_header(header: Header, tools: frozenset[str] | None) -> bool:
+    """Whether a header read by the reference's rules needs no repair: no control-token text
+    in a field, a known or unmangled channel, a content type after <|constrain|>, and a
+    plausible recipient."""
+    channel, ct = header.channel, header.content_type
+    return has_control_text(header) is None and ct != CONSTRAIN_MARKER \
+        and (channel is None or channel in KNOWN_CHANNELS or repair_channel(channel) is None) \
+        and (header.recipient is None or plausible_recipient(header.recipient, tools))
 
 
 def resolve(
@@ -461,9 +493,8 @@ def resolve(
         rep("missing_role", 0, 0, f"header has no role; {default_role.value} assumed")
     else:
         if first.text.startswith(CONSTRAIN_MARKER) and len(first.text) > len(CONSTRAIN_MARKER):
-            # <|constrain|> before the role: the marker is junk, the rest may be the role.
-            rep("unknown_header_word", first.start, first.start + len(CONSTRAIN_MARKER),
-                "<|constrain|> before the role removed")
+            # <|constrain|> before the role: the marker is junk (set aside below with the
+            # other markers no field took), the rest may be the role.
             first.start += len(CONSTRAIN_MARKER)
             first.text = first.text[len(CONSTRAIN_MARKER) :]
         exact = _ROLES.get(first.text)
@@ -529,6 +560,9 @@ def resolve(
                 and not words[i + 1].text.startswith(CONSTRAIN_MARKER):
             value, end = value + words[i + 1].text, words[i + 1].end
             words[i + 1].used = True
+        if value == CONSTRAIN_MARKER:
+            rep("unknown_header_word", w.start, end, "<|constrain|> with no content type set aside")
+            continue
         content_types.append((value, w.start, end))
     if with_body and not content_types:
         rest = [w for w in words if not w.used]
@@ -537,17 +571,21 @@ def resolve(
             last.used = True
             content_types.append((last.text, last.start, last.end))
 
-    # Unknown words that are channel names with junk around them (––commentary):
-    # the channel when the header has none, else set aside.
-    for w in words:
-        if not w.used and with_body and junk_channel_word(w.text):
-            w.used = True
-            if any(value for value, _, _ in channel_candidates):
-                rep("unknown_header_word", w.start, w.end, f"stray channel word {w.text!r} set aside")
-            else:
-                channel_candidates.append((w.text, w.start, w.end))
+    # Unknown words that are channel names, bare or with junk around them (––commentary,
+    # "final final"): the channel when the header has none; a repeat of it; else set aside.
+    has_channel = any(value for value, _, _ in channel_candidates)
+    stray = [w for w in words if not w.used and with_body and repair_channel(w.text) is not None]
+    for w in stray:
+        w.used = True
+        if not has_channel:
+            channel_candidates.append((w.text, w.start, w.end))
 
     channel = _pick_channel(channel_candidates, rep, assume_final=with_body)
+    for w in stray if has_channel else []:
+        if repair_channel(w.text) == channel:
+            rep("channel_repaired", w.start, w.end, f"channel {channel!r} repeated as {w.text!r}")
+        else:
+            rep("unknown_header_word", w.start, w.end, f"stray channel word {w.text!r} set aside")
     recipient = _pick_recipient(recipients, tools, rep)
     content_type = content_types[-1][0] if content_types else None
     if len(content_types) > 1:
@@ -579,11 +617,29 @@ def resolve(
         content_type = None
 
     removed = [(a, b) for a, b, _ in channel_values] + [(w.start, w.end) for w in words if w.used]
+    # A marker token no field took is never text: cut out, with a repair.
+    for a, b in _uncovered(ht.markers(), removed):
+        rep("unknown_header_word", a, b, f"{text[a:b]} outside any header field set aside")
+        removed.append((a, b))
     leftover, left_start, left_end = _leftover(text, removed)
     res = Resolution(Header(role, name, recipient, channel, content_type), leftover,
                      leftover_start=left_start, leftover_end=left_end, repairs=repairs)
     res.fields_start = min([s for _, s, _ in recipients + content_types], default=len(text))
     return res
+
+
+def _uncovered(ranges: list[tuple[int, int]], cover: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ``ranges`` that lie inside none of the ``cover`` ranges (one sweep over both, sorted)."""
+    out: list[tuple[int, int]] = []
+    cover = sorted(cover)
+    k, reach = 0, -1
+    for a, b in sorted(ranges):
+        while k < len(cover) and cover[k][0] <= a:
+            reach = max(reach, cover[k][1])
+            k += 1
+        if reach < b:
+            out.append((a, b))
+    return out
 
 
 def _take_role_word(
@@ -616,7 +672,8 @@ def _spaced_name(
 ) -> int:
     """How many words after ``to=value`` belong to a recipient name with spaces."""
     run: list[str] = []
-    for w in words[j:]:
+    for k in range(j, min(len(words), j + _FOLLOWERS)):
+        w = words[k]
         if w.used or w.section != section or w.text.startswith(("to=", CONSTRAIN_MARKER)) \
                 or w.n != words[j].n + len(run):
             break
@@ -648,7 +705,7 @@ def _pick_channel(
     for value, start, end in candidates:
         if not value:
             continue
-        fixed = _repair_channel(value)
+        fixed = repair_channel(value)
         if fixed is not None and fixed != value:
             rep("channel_repaired", start, end, f"channel {value!r} read as {fixed!r}")
         chosen = fixed if fixed is not None else value
@@ -670,7 +727,10 @@ def _pick_recipient(
 ) -> str | None:
     if not recipients:
         return None
-    values = [r[0] for r in recipients if r[0]]
+    for value, start, end in recipients:
+        if named_nothing(value):
+            rep("bad_recipient", start, end, f"recipient {value!r} names nothing; dropped")
+    values = [r[0] for r in recipients if not named_nothing(r[0])]
     if not values:
         return None
     chosen = next((v for v in reversed(values) if _tool_match(v, tools)), values[-1])

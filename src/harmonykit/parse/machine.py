@@ -45,9 +45,9 @@ from .header import (
     fix_lone_constrain,
     has_control_text,
     parse_reference,
-    plausible_recipient,
     resolve,
     rust_debug,
+    sound_header,
     split_stripped_markup,
 )
 from .result import ParseResult, Repair
@@ -363,15 +363,13 @@ class Machine:
                 pass
             else:
                 header = fix_lone_constrain(header)
-                if remaining is None and has_control_text(header) is None and (
-                    header.recipient is None or plausible_recipient(header.recipient, self.tools)
-                ):
+                if remaining is None and sound_header(header, self.tools):
                     return header
         res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
         self.repairs += ht.repairs
         prose = res.leftover.strip()
         if prose and len(prose.split()) >= 3:
-            split = ht.token_at(res.leftover_end)
+            split = ht.token_after(res.leftover_end)
             if res.leftover_end <= res.fields_start and start < split < index:
                 # Free text before the recipient: a message of its own, before this one.
                 self._emit(
@@ -420,7 +418,7 @@ class Machine:
             self.repairs += ht.repairs
             role = role_hint or self._default_role
             for k, (channel, recipient, content_type, body, _s, e) in enumerate(pieces):
-                cut = end if k == len(pieces) - 1 else max(ht.token_at(e), self._cursor + 1)
+                cut = end if k == len(pieces) - 1 else max(ht.token_after(e), self._cursor + 1)
                 self._emit(Header(role, None, recipient, channel, content_type), body, cut)
             self.repairs.append(Repair("stripped_markup", start, end,
                                        f"{len(pieces)} messages read from text without special tokens"))

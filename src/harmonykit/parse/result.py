@@ -75,6 +75,7 @@ REPAIR_KINDS: dict[str, str] = {
     "channel_repaired": "junk around the channel name was removed",
     "duplicate_channel": "the channel was given twice; the last one was kept",
     "duplicate_recipient": "the recipient was given twice; one was kept",
+    "bad_recipient": "a recipient that names nothing (empty, functions. alone, markup) was dropped",
     "self_recipient": "an assistant message addressed to the assistant; recipient dropped",
     "recipient_with_spaces": "a recipient of several words (a tool name with spaces)",
     "content_type_glued": "the content type was glued to the tool name (functions.shelljson)",
