@@ -18,7 +18,9 @@ import harmonykit as hk
 from harmonykit.openai import (
     ChatCompletionStream,
     ResponsesStream,
+    StreamClosed,
     completion_to_chat_choice,
+    completion_to_response,
     completion_to_response_output,
     merge_deltas,
 )
@@ -72,6 +74,11 @@ def test_wild_case_meets_its_expectation(enc: hk.HarmonyEncoding, case: dict[str
     if "reasoning_excludes" in ex:
         assert ex["reasoning_excludes"] not in (m["reasoning_content"] or "")
     calls = m.get("tool_calls") or []
+    if choice["finish_reason"] == "length" and calls:
+        # Issue 7 supersedes the older expectation that a cut-off call vanishes: it is returned
+        # with its partial arguments, as OpenAI returns it, finish_reason "length", and a note.
+        assert "cut_off_tool_call" in [n["kind"] for n in choice["harmony"]["notes"]]
+        calls = calls[:-1]
     if "tool_calls" in ex:
         assert [c["function"]["name"] for c in calls] == [c["name"] for c in ex["tool_calls"]]
         for call, want in zip(calls, ex["tool_calls"], strict=True):
@@ -159,14 +166,16 @@ def test_responses_stream_matches_output(case: tuple[list[int], hk.Role | None],
     # Deltas add up to each item's text.
     for index, item in enumerate(final["output"]):
         deltas = "".join(e["delta"] for e in events if e.get("output_index") == index and "delta" in e)
-        text = item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"]
-        assert deltas == text
+        if item["type"] == "function_call":
+            assert deltas == item["arguments"]
+        elif item["type"] in ("message", "reasoning"):
+            assert deltas == item["content"][0]["text"]
 
 
 def test_responses_items(enc: hk.HarmonyEncoding) -> None:
     text = ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
             'to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>')
-    items = completion_to_response_output(enc, enc.encode(text, allowed_special="all"))
+    items = completion_to_response_output(enc, enc.encode(text, allowed_special="all"), request=TOOLS_REQUEST)
     assert [i["type"] for i in items] == ["reasoning", "function_call"]
     assert items[0]["content"][0]["text"] == "Need weather."
     assert (items[1]["name"], items[1]["arguments"]) == ("get_weather", '{"city":"Paris"}')
@@ -185,9 +194,33 @@ def test_responses_items(enc: hk.HarmonyEncoding) -> None:
         # the first complete JSON value when junk trails it
         ('<|channel|>commentary to=functions.f<|message|>{"a": 1} trailing<|call|>', "stop", None,
          [("f", '{"a": 1}')], "tool_calls", "text_after_arguments"),
-        # a call cut off by max_tokens is not a call
-        ('<|channel|>commentary to=functions.f<|message|>{"a": ', "length", None, [], "length",
+        # a call cut off by max_tokens is returned as OpenAI returns it: partial, finish_reason length
+        ('<|channel|>commentary to=functions.f<|message|>{"a": ', "length", None, [("f", '{"a": ')], "length",
          "cut_off_tool_call"),
+        # trailing text is cut only after a value that parses; anything else passes verbatim
+        ("<|channel|>commentary to=functions.f<|message|>{'a': '}'}<|call|>", "stop", None,
+         [("f", "{'a': '}'}")], "tool_calls", None),
+        ('<|channel|>commentary to=functions.f<|message|>{"a": [}]} x<|call|>', "stop", None,
+         [("f", '{"a": [}]} x')], "tool_calls", None),
+        ("<|channel|>commentary to=functions.f<|message|><|call|>", "stop", None, [("f", "")], "tool_calls",
+         "empty_arguments"),
+        # declared names, in the rendered or the declared spelling, case and spaces aside
+        ("<|channel|>commentary to=functions.Get_Weather<|message|>{}<|call|>", "stop", None,
+         [("Get Weather", "{}")], "tool_calls", None),
+        ("<|channel|>commentary to=get weather<|message|>{}<|call|>", "stop", None,
+         [("Get Weather", "{}")], "tool_calls", None),
+        # functions.X for an undeclared X is still returned (the client answers "unknown tool"), noted
+        ("<|channel|>commentary to=functions.nope<|message|>{}<|call|>", "stop", None, [("nope", "{}")],
+         "tool_calls", "undeclared_tool"),
+        # answers with odd headers are answers, never calls
+        ('<|channel|>final json<|message|>{"a":1}<|return|>', "stop", '{"a":1}', [], "stop", None),
+        ("<|start|>assistantfinal<|message|>Hello<|return|>", "stop", "Hello", [], "stop", None),
+        ("<|channel|>final to=assistant<|message|>Hi<|return|>", "stop", "Hi", [], "stop", None),
+        # a bare name that is no tool is no call
+        ("<|channel|>commentary to=shell<|message|>ls<|call|>", "stop", None, [], "stop", "unknown_recipient"),
+        # text after <|end|> with no header is the answer when there is no final message
+        ('<|channel|>analysis<|message|>Make JSON.<|end|>{"a": 1}', "stop", '{"a": 1}', [], "stop",
+         "headerless_text"),
         # the engine ran past <|call|>: the rest is not the model's
         ("<|channel|>commentary to=functions.f<|message|>{}<|call|><|start|>assistant<|channel|>final"
          "<|message|>It is sunny.<|return|>", "stop", None, [("f", "{}")], "tool_calls", "after_tool_call"),
@@ -203,7 +236,9 @@ def test_responses_items(enc: hk.HarmonyEncoding) -> None:
 )
 def test_response_rules(enc: hk.HarmonyEncoding, text: str, finish: str, content: str | None,
                         calls: list[tuple[str, str]], reason: str, note: str | None) -> None:
-    choice = completion_to_chat_choice(enc, enc.encode(text, allowed_special="all"), finish_reason=finish)
+    request = {"tools": [{"type": "function", "function": {"name": n}} for n in ("f", "Get Weather", "x-y")]}
+    choice = completion_to_chat_choice(enc, enc.encode(text, allowed_special="all"), request=request,
+                                       finish_reason=finish)
     assert choice["message"]["content"] == content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", [])] \
         == calls
@@ -236,3 +271,116 @@ def test_headerless_text_keeps_its_place(enc: hk.HarmonyEncoding) -> None:
     reasoning = [c["choices"][0]["delta"].get("reasoning_content") for c in chunks if c["choices"]]
     assert "".join(r for r in reasoning if r) == "Plain first.\n\nThink."
     assert reasoning.index("Plain first.") < reasoning.index("Think")
+
+
+NO_TOOLS_CASES = [
+    '<|channel|>final json<|message|>{"a":1}<|return|>',
+    "<|start|>assistantfinal<|message|>Hello<|return|>",
+    "<|channel|>final to=assistant<|message|>Hi<|return|>",
+    "<|channel|>commentary to=functions.get_weather<|message|>{}<|call|>",
+    "<|channel|>commentary to=get_weather<|message|>{}<|call|>",
+    "<|channel|>analysis to=functions.f code<|message|>ls<|call|>",
+]
+
+
+@pytest.mark.parametrize("text", NO_TOOLS_CASES)
+def test_no_call_without_declared_tools(enc: hk.HarmonyEncoding, text: str) -> None:
+    tokens = enc.encode(text, allowed_special="all")
+    for request in (None, {"tools": []}):
+        choice = completion_to_chat_choice(enc, tokens, request=request)
+        assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+        response = completion_to_response(enc, tokens, request=request)
+        assert "function_call" not in [i["type"] for i in response["output"]]
+    # nothing is lost: the body is shown or noted
+    body = text.split("<|message|>")[1].split("<|")[0]
+    assert body in json.dumps(choice, ensure_ascii=False).replace('\\"', '"')
+
+
+@SETTINGS
+@given(mutated(_ENC), st.sampled_from(["stop", "length"]))
+def test_never_a_call_without_tools(case: tuple[list[int], hk.Role | None], finish: str) -> None:
+    tokens, _ = case
+    choice = completion_to_chat_choice(_ENC, tokens, finish_reason=finish)
+    assert "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == ("length" if finish == "length" else "stop")
+
+
+def test_arguments_stream_as_generated(enc: hk.HarmonyEncoding) -> None:
+    text = ('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"path": "a.py", '
+            '"content": "def f():\\n    return 1\\n"}<|call|>')
+    tokens = enc.encode(text, allowed_special="all")
+    stream = ChatCompletionStream(enc, request=TOOLS_REQUEST | {"tools": [{"type": "function",
+                                                                          "function": {"name": "f"}}]})
+    fragments = []
+    for t in tokens[:-1]:
+        for chunk in stream.feed([t]):
+            for tc in chunk["choices"][0]["delta"].get("tool_calls") or []:
+                fragments.append(tc["function"].get("arguments"))
+    assert fragments[0] == "" and len(fragments) > 5  # name first, then piece by piece
+    assert json.loads("".join(fragments[1:]))["path"] == "a.py"
+    events = ResponsesStream(enc, request={"tools": [{"type": "function", "name": "f"}]}).feed(tokens)
+    assert len([e for e in events if e["type"] == "response.function_call_arguments.delta"]) > 5
+
+
+def test_cut_off_call_is_incomplete(enc: hk.HarmonyEncoding) -> None:
+    tokens = enc.encode('<|channel|>commentary to=functions.f<|message|>{"a": "b', allowed_special="all")
+    request = {"tools": [{"type": "function", "name": "f"}]}
+    response = completion_to_response(enc, tokens, request=request, finish_reason="length")
+    Response.model_validate(response)
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(i["type"], i["status"], i["arguments"]) for i in response["output"]] == \
+        [("function_call", "incomplete", '{"a": "b')]
+    assert "cut_off_tool_call" in [n["kind"] for n in response["harmony"]["notes"]]
+
+
+def test_whole_response_and_usage(enc: hk.HarmonyEncoding) -> None:
+    text = ("<|channel|>analysis<|message|>Think about it.<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Done.<|return|>")
+    tokens = enc.encode(text, allowed_special="all")
+    request = {"model": "gpt-oss-20b", "input": "Go", "stream_options": {"include_usage": True}}
+    response = completion_to_response(enc, tokens, request=request)
+    Response.model_validate(response)
+    analysis = enc.encode("<|channel|>analysis<|message|>Think about it.<|end|>", allowed_special="all")
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == len(analysis)
+    assert response["usage"]["output_tokens"] == len(tokens)
+    assert response["model"] == "gpt-oss-20b" and response["status"] == "completed"
+    assert all(i["status"] == "completed" for i in response["output"])
+    chunks = ChatCompletionStream(enc, request={"messages": [], **request}).feed(tokens)
+    chunks = ChatCompletionStream(enc, request={"messages": [{"role": "user", "content": "Go"}], **request})
+    out = chunks.feed(tokens) + chunks.close()
+    assert out[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == len(analysis)
+
+
+def test_builtin_calls_never_vanish(enc: hk.HarmonyEncoding) -> None:
+    text = ('<|channel|>analysis<|message|>Search.<|end|><|start|>assistant<|channel|>analysis '
+            'to=browser.search code<|message|>{"query": "gpt-oss"}<|call|>')
+    tokens = enc.encode(text, allowed_special="all")
+    choice = completion_to_chat_choice(enc, tokens)
+    assert choice["harmony"]["builtin_tool_calls"][0]["recipient"] == "browser.search"
+    response = completion_to_response(enc, tokens)
+    Response.model_validate(response)
+    assert response["output"][-1]["type"] == "web_search_call"
+    assert response["output"][-1]["action"] == {"type": "search", "query": "gpt-oss"}
+    python = enc.encode("<|channel|>analysis to=python code<|message|>print(1)<|call|>", allowed_special="all")
+    item = completion_to_response(enc, python)["output"][-1]
+    assert (item["type"], item["code"]) == ("code_interpreter_call", "print(1)")
+
+
+def test_stream_lifecycle(enc: hk.HarmonyEncoding) -> None:
+    tokens = enc.encode("<|channel|>final<|message|>Hi<|return|>", allowed_special="all")
+    for cls in (ChatCompletionStream, ResponsesStream):
+        stream = cls(enc)
+        stream.feed(tokens)
+        assert stream.close()
+        assert stream.close() == []  # no second finish chunk
+        with pytest.raises(StreamClosed):
+            stream.feed(tokens)
+        with pytest.raises(ValueError, match="finish_reason must be one of"):
+            cls(enc).close("eos")
+    with pytest.raises(TypeError, match="token_ids"):
+        ChatCompletionStream(enc).feed(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"token_ids\[1\]"):
+        ResponsesStream(enc).feed([1, "a"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="encoding"):
+        ChatCompletionStream(None)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from .model import (
     RenderOptions,
     Role,
 )
-from .parse.machine import Machine
+from .parse.machine import Machine, check_role, check_tools
 from .parse.result import ParseResult
 from .render import Renderer
 from .tokens import (
@@ -29,6 +29,7 @@ from .tokens import (
     STARTOFTEXT,
     STOP_TOKENS,
     STOP_TOKENS_FOR_ASSISTANT_ACTIONS,
+    as_token_ids,
 )
 from .vocab import load_bpe
 
@@ -210,11 +211,10 @@ class HarmonyEncoding:
     def _machine(
         self, role: Role | None, *, strict: bool, tools: Iterable[str] | None = None
     ) -> Machine:
-        return Machine(*self._machine_io(), role, strict=strict,
-                       tools=frozenset(tools) if tools is not None else None)
+        return Machine(*self._machine_io(), check_role(role), strict=strict, tools=check_tools(tools))
 
     def _run(self, machine: Machine, tokens: Iterable[int]) -> None:
-        toks = tokens if isinstance(tokens, list) else list(tokens)
+        toks = as_token_ids(tokens)
         # Runs of ordinary text are consumed whole; only special or invalid ids step.
         prev = 0
         for i in [i for i, t in enumerate(toks) if not 0 <= t < STARTOFTEXT]:

@@ -6,6 +6,9 @@ other.
 
 from __future__ import annotations
 
+import operator
+from array import array
+from collections.abc import Iterable
 from typing import Final, Literal
 
 StopName = Literal["return", "call", "end"]
@@ -60,3 +63,40 @@ STOP_TOKEN_SET: Final = frozenset(STOP_TOKENS)
 
 #: The word for each stop token in `ParseResult.stop`.
 STOP_NAMES: Final[dict[int, StopName]] = {RETURN: "return", CALL: "call", END: "end"}
+
+
+def token_id(value: object, where: str) -> int:
+    """One token id: an int (or anything with ``__index__``, such as a NumPy integer).
+
+    >>> token_id(3.0, "tokens[2]")
+    Traceback (most recent call last):
+    TypeError: tokens[2] must be an int token id, got float 3.0
+    """
+    if isinstance(value, (float, str, bytes)) or value is None:
+        raise TypeError(f"{where} must be an int token id, got {type(value).__name__} {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{where} must be an int token id, got {type(value).__name__} {value!r}") from None
+
+
+def as_token_ids(tokens: Iterable[int], argument: str = "tokens") -> list[int]:
+    """``tokens`` as a list of ints, or a ``TypeError`` naming the argument or the bad item.
+
+    The check runs at C speed (an ``array``) and only falls back to a Python loop to
+    name what is wrong, or for ids beyond 64 bits (kept: tolerant parsing reports them).
+
+    >>> as_token_ids([200006, "user"])
+    Traceback (most recent call last):
+    TypeError: tokens[1] must be an int token id, got str 'user'
+    """
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+        hint = '; encode text first: enc.encode(text, allowed_special="all")' \
+            if isinstance(tokens, (str, bytes)) else ""
+        raise TypeError(f"{argument} must be a sequence of int token ids, got {type(tokens).__name__}{hint}")
+    ids = tokens if type(tokens) is list else list(tokens)
+    try:
+        array("q", ids)
+    except (TypeError, OverflowError):
+        return [token_id(t, f"{argument}[{i}]") for i, t in enumerate(ids)]
+    return ids

@@ -8,17 +8,26 @@ Responses output items, at once or as a stream. Every repair is reported in the
 """
 
 from .chat import ChatCompletionStream, completion_to_chat_choice, merge_deltas
-from .errors import RequestError
+from .errors import RequestError, StreamClosed
+from .names import ToolNames, identifier
 from .request import Prompt, render_chat_request, render_responses_request
-from .responses import ResponsesStream, completion_to_response_output
+from .responses import ResponsesStream, completion_to_response, completion_to_response_output
+from .turn import FINISH_REASONS, NOTE_KINDS, Note
 
 __all__ = [
+    "FINISH_REASONS",
+    "NOTE_KINDS",
     "ChatCompletionStream",
+    "Note",
     "Prompt",
     "RequestError",
     "ResponsesStream",
+    "StreamClosed",
+    "ToolNames",
     "completion_to_chat_choice",
+    "completion_to_response",
     "completion_to_response_output",
+    "identifier",
     "merge_deltas",
     "render_chat_request",
     "render_responses_request",

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
+from .names import declared_names
 from .request import render_chat_request
-from .turn import Event, OutputStream, Turn, tool_names
+from .turn import Event, OutputStream, Turn
 
 _FIELDS = {"reasoning": "reasoning_content", "content": "content"}
 
@@ -24,8 +25,10 @@ class _Deltas:
     def convert(self, events: Iterable[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for ev in events:
-            kind, key = ev[1], ev[2]
-            if ev[0] == "open":
+            kind, key = ev.kind, ev.key
+            if ev.op == "builtin":
+                continue  # Chat has no item for built-in tools: they are in the harmony field
+            if ev.op == "open":
                 if kind == "call":
                     call = self.turn.calls[key]
                     self.call_index[key] = index = len(self.call_index)
@@ -36,9 +39,9 @@ class _Deltas:
                 self.kinds.add(kind)
             elif kind == "call":
                 index = self.call_index[key]
-                out.append({"tool_calls": [{"index": index, "function": {"arguments": ev[3]}}]})
+                out.append({"tool_calls": [{"index": index, "function": {"arguments": ev.text}}]})
             else:
-                out.append({_FIELDS[kind]: ev[3]})
+                out.append({_FIELDS[kind]: ev.text})
         return out
 
 
@@ -77,9 +80,9 @@ def completion_to_chat_choice(
 ) -> dict[str, Any]:
     """One Chat Completions choice from an engine's output tokens.
 
-    ``finish_reason`` is what the engine reported (``"stop"`` or ``"length"``);
-    the stop token may or may not end ``tokens``. Repairs are in
-    ``choice["harmony"]`` (see docs/openai.md).
+    ``finish_reason`` is what the engine reported (``"stop"`` or ``"length"``; see
+    ``FINISH_REASONS``); the stop token may or may not end ``tokens``. Repairs and
+    notes are in ``choice["harmony"]`` (see docs/openai.md).
 
     >>> from harmonykit import load_harmony_encoding
     >>> enc = load_harmony_encoding("HarmonyGptOss")
@@ -89,7 +92,9 @@ def completion_to_chat_choice(
     >>> c["message"]["content"], c["message"]["reasoning_content"], c["finish_reason"]
     ('4', 'Easy.', 'stop')
     """
-    turn = Turn(encoding, tool_names(request))
+    if not isinstance(encoding, HarmonyEncoding):
+        raise TypeError(f"encoding must be a HarmonyEncoding, got {type(encoding).__name__}")
+    turn = Turn(encoding, declared_names(request))
     deltas = _Deltas(turn)
     out = deltas.convert(turn.feed(tokens))
     events, reason = turn.close(finish_reason)
@@ -138,6 +143,10 @@ class ChatCompletionStream(OutputStream):
         return chunks + [self._chunk(d) for d in self._deltas.convert(self.events(token_ids))]
 
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
+        """The last chunks; closing again returns none (there is one finish chunk)."""
+        if self.turn.closed:
+            self.turn.close(finish_reason)  # still checks the value
+            return []
         chunks = self.feed([])
         events, reason = self.turn.close(finish_reason)
         chunks += [self._chunk(d) for d in self._deltas.convert(events)]
@@ -149,5 +158,7 @@ class ChatCompletionStream(OutputStream):
             chunks.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": self.model, "choices": [],
                            "usage": {"prompt_tokens": prompt, "completion_tokens": self.output_tokens,
-                                     "total_tokens": prompt + self.output_tokens}})
+                                     "total_tokens": prompt + self.output_tokens,
+                                     "completion_tokens_details": {
+                                         "reasoning_tokens": self.turn.reasoning_tokens}}})
         return chunks

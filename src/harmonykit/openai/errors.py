@@ -22,3 +22,7 @@ class RequestError(ValueError):
         """The body of an OpenAI-style 400 response."""
         return {"error": {"message": self.message, "type": "invalid_request_error",
                           "param": self.param, "code": None}}
+
+
+class StreamClosed(RuntimeError):
+    """``feed()`` on an output stream after ``close()``: the output has ended."""

@@ -1,26 +1,34 @@
-"""Harmony output -> the Responses API: output items, or a stream of Responses events."""
+"""Harmony output -> the Responses API: a whole ``Response``, its output items, or its stream."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
 from .request import render_responses_request
-from .turn import Event, OutputStream, Turn, new_id, tool_names
+from .turn import Event, OutputStream, Turn, new_id
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 class _Items:
-    """Turn events -> Responses output items and streaming events (shared by both paths)."""
+    """Turn events -> Responses output items and streaming events (shared by both paths).
+
+    Text grows in a list per open item and is joined once, when the item is done.
+    """
 
     def __init__(self, turn: Turn) -> None:
         self.turn = turn
         self.items: list[dict[str, Any]] = []
         self.seq = 0
         self._open: dict[str, Any] | None = None
+        self._key = 0
+        self._parts: list[str] = []
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return ev
@@ -28,11 +36,14 @@ class _Items:
     def convert(self, events: Iterable[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for ev in events:
-            if ev[0] == "open":
+            if ev.op == "open":
                 out += self.finish_open()
-                out += self._start(ev[1], ev[2])
+                out += self._start(ev.kind, ev.key)
+            elif ev.op == "builtin":
+                out += self.finish_open()
+                out += self._builtin(ev.key)
             else:
-                out += self._text(ev[3])
+                out += self._text(ev.text)
         return out
 
     def _start(self, kind: str, key: int) -> list[dict[str, Any]]:
@@ -48,27 +59,26 @@ class _Items:
             item = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress",
                     "content": [{"type": "output_text", "text": "", "annotations": []}]}
         self.items.append(item)
-        self._open = item
-        out = [self._event("response.output_item.added", output_index=index, item=_copy(item, empty=True))]
+        self._open, self._key, self._parts = item, key, []
+        out = [self.event("response.output_item.added", output_index=index, item=_copy(item))]
         if kind != "call":
-            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index,
-                                   content_index=0, part=_copy(item["content"][0], empty=True)))
+            out.append(self.event("response.content_part.added", item_id=item["id"], output_index=index,
+                                  content_index=0, part=_copy(item["content"][0])))
         return out
 
     def _text(self, text: str) -> list[dict[str, Any]]:
         item = self._open
         assert item is not None
+        self._parts.append(text)
         index = len(self.items) - 1
         if item["type"] == "function_call":
-            item["arguments"] += text
-            return [self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                output_index=index, delta=text)]
-        item["content"][0]["text"] += text
+            return [self.event("response.function_call_arguments.delta", item_id=item["id"],
+                               output_index=index, delta=text)]
         if item["type"] == "reasoning":
-            return [self._event("response.reasoning_text.delta", item_id=item["id"], output_index=index,
-                                content_index=0, delta=text)]
-        return [self._event("response.output_text.delta", item_id=item["id"], output_index=index,
-                            content_index=0, delta=text, logprobs=[])]
+            return [self.event("response.reasoning_text.delta", item_id=item["id"], output_index=index,
+                               content_index=0, delta=text)]
+        return [self.event("response.output_text.delta", item_id=item["id"], output_index=index,
+                           content_index=0, delta=text, logprobs=[])]
 
     def finish_open(self) -> list[dict[str, Any]]:
         item = self._open
@@ -76,23 +86,65 @@ class _Items:
             return []
         self._open = None
         index = len(self.items) - 1
-        item["status"] = "completed"
+        item["status"] = "incomplete" if self._key in self.turn.incomplete else "completed"
+        text = "".join(self._parts)
         out = []
         if item["type"] == "function_call":
-            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                   output_index=index, arguments=item["arguments"]))
+            item["arguments"] = text
+            out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=index, arguments=text))
         else:
             part = item["content"][0]
+            part["text"] = text
             if item["type"] == "reasoning":
-                out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                                       content_index=0, text=part["text"]))
+                out.append(self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                      content_index=0, text=text))
             else:
-                out.append(self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                                       content_index=0, text=part["text"], logprobs=[]))
-            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
-                                   content_index=0, part=dict(part)))
-        out.append(self._event("response.output_item.done", output_index=index, item=_copy(item)))
+                out.append(self.event("response.output_text.done", item_id=item["id"], output_index=index,
+                                      content_index=0, text=text, logprobs=[]))
+            out.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                  content_index=0, part=dict(part)))
+        out.append(self.event("response.output_item.done", output_index=index, item=_copy(item)))
         return out
+
+    def _builtin(self, key: int) -> list[dict[str, Any]]:
+        """A built-in tool call as the API's own item, where one fits (else only the harmony field)."""
+        item = builtin_item(self.turn.builtin_calls[key])
+        if item is None:
+            return []
+        status = item["status"]
+        item["status"] = "in_progress"
+        index = len(self.items)
+        self.items.append(item)
+        added = self.event("response.output_item.added", output_index=index, item=_copy(item))
+        item["status"] = status
+        return [added, self.event("response.output_item.done", output_index=index, item=_copy(item))]
+
+
+def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
+    """``web_search_call`` for browser.search / open / find, ``code_interpreter_call`` for python."""
+    recipient, body = call["recipient"], call["arguments"]
+    status = "incomplete" if call.get("incomplete") else "completed"
+    if recipient == "python":
+        return {"id": new_id("ci"), "type": "code_interpreter_call", "code": body, "container_id": "",
+                "outputs": None, "status": status}
+    try:
+        args = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    action: dict[str, Any] | None = None
+    if recipient == "browser.search" and isinstance(args.get("query"), str):
+        action = {"type": "search", "query": args["query"]}
+    elif recipient == "browser.open":
+        url = args.get("id")
+        action = {"type": "open_page", "url": url if isinstance(url, str) and "://" in url else None}
+    elif recipient == "browser.find" and isinstance(args.get("pattern"), str):
+        action = {"type": "find_in_page", "pattern": args["pattern"], "url": ""}
+    if action is None:
+        return None
+    return {"id": new_id("ws"), "type": "web_search_call", "action": action, "status": status}
 
 
 def _function_tools(tools: Any) -> list[dict[str, Any]]:
@@ -106,39 +158,9 @@ def _function_tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _copy(obj: dict[str, Any], empty: bool = False) -> dict[str, Any]:
-    out = {k: ([_copy(v, empty) for v in val] if isinstance(val, list) and k == "content" else val)
-           for k, val in obj.items()}
-    if empty:
-        if "text" in out:
-            out["text"] = ""
-        if "arguments" in out:
-            out["arguments"] = ""
-    return out
-
-
-def completion_to_response_output(
-    encoding: HarmonyEncoding,
-    tokens: Iterable[int],
-    *,
-    request: dict[str, Any] | None = None,
-    finish_reason: str = "stop",
-) -> list[dict[str, Any]]:
-    """Responses API output items (reasoning, message, function_call) for an output.
-
-    >>> from harmonykit import load_harmony_encoding
-    >>> enc = load_harmony_encoding("HarmonyGptOss")
-    >>> toks = enc.encode("<|channel|>final<|message|>Hi<|return|>", allowed_special="all")
-    >>> [(i["type"], i["content"][0]["text"]) for i in completion_to_response_output(enc, toks)]
-    [('message', 'Hi')]
-    """
-    turn = Turn(encoding, tool_names(request))
-    items = _Items(turn)
-    items.convert(turn.feed(tokens))
-    events, _ = turn.close(finish_reason)
-    items.convert(events)
-    items.finish_open()
-    return items.items
+def _copy(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: ([_copy(v) for v in val] if isinstance(val, list) and k == "content" else val)
+            for k, val in obj.items()}
 
 
 class ResponsesStream(OutputStream):
@@ -147,8 +169,8 @@ class ResponsesStream(OutputStream):
     ``feed`` returns events (``response.created`` and ``response.in_progress``
     first, then items and their deltas); ``close(finish_reason)`` ends the open
     item and returns ``response.completed`` (or ``response.incomplete`` when
-    the engine hit its token limit) carrying the whole response, with the
-    ``harmony`` extension field.
+    the engine hit its token limit) carrying the whole response, with usage and
+    the ``harmony`` extension field. Closing again returns nothing.
     """
 
     id_prefix = "resp"
@@ -179,31 +201,85 @@ class ResponsesStream(OutputStream):
             "error": None, "incomplete_details": None, "instructions": self.request.get("instructions"),
             "metadata": {},
         }
-        if status == "incomplete":
-            out["incomplete_details"] = {"reason": "max_output_tokens"}
         return out
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:
         out = []
         if not self.started:
             self.started = True
-            out.append(self._items._event("response.created", response=self.response("in_progress", [])))
-            out.append(self._items._event("response.in_progress", response=self.response("in_progress", [])))
+            out.append(self._items.event("response.created", response=self.response("in_progress", [])))
+            out.append(self._items.event("response.in_progress", response=self.response("in_progress", [])))
         return out + self._items.convert(self.events(token_ids))
 
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
+        if self.turn.closed:
+            self.turn.close(finish_reason)  # still checks the value
+            return []
         out = self.feed([])
         events, reason = self.turn.close(finish_reason)
         out += self._items.convert(events)
         out += self._items.finish_open()
-        status = "incomplete" if reason == "length" else "completed"
-        response = self.response(status, [dict(i) for i in self._items.items])
+        status = "incomplete" if reason in _INCOMPLETE else "completed"
+        response = self.response(status, [_copy(i) for i in self._items.items])
+        if status == "incomplete":
+            response["incomplete_details"] = {"reason": _INCOMPLETE[reason]}
         prompt = self.prompt_tokens()
         response["usage"] = {
             "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.turn.reasoning_tokens},
             "total_tokens": prompt + self.output_tokens,
         }
         response["harmony"] = self.turn.extension()
-        out.append(self._items._event(f"response.{status}", response=response))
+        out.append(self._items.event(f"response.{status}", response=response))
         return out
+
+
+def completion_to_response(
+    encoding: HarmonyEncoding,
+    tokens: Iterable[int],
+    *,
+    request: dict[str, Any] | None = None,
+    finish_reason: str = "stop",
+    id: str | None = None,
+    model: str | None = None,
+    prompt_tokens: int | None = None,
+) -> dict[str, Any]:
+    """A whole Responses API ``Response`` for an engine's output: id, status
+    (``completed``, or ``incomplete`` with ``incomplete_details``), output items,
+    usage (reasoning tokens counted) and the ``harmony`` extension field.
+
+    It is the last event of a ``ResponsesStream`` fed all tokens at once.
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> toks = enc.encode("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
+    ...                   "<|channel|>final<|message|>Hi<|return|>", allowed_special="all")
+    >>> r = completion_to_response(enc, toks, request={"input": "Say hi"})
+    >>> r["status"], [i["type"] for i in r["output"]], r["usage"]["output_tokens_details"]
+    ('completed', ['reasoning', 'message'], {'reasoning_tokens': 6})
+    """
+    stream = ResponsesStream(encoding, request=request, id=id, model=model, prompt_tokens=prompt_tokens)
+    stream.feed(tokens)
+    response: dict[str, Any] = stream.close(finish_reason)[-1]["response"]
+    return response
+
+
+def completion_to_response_output(
+    encoding: HarmonyEncoding,
+    tokens: Iterable[int],
+    *,
+    request: dict[str, Any] | None = None,
+    finish_reason: str = "stop",
+) -> list[dict[str, Any]]:
+    """The Responses output items alone (reasoning, message, function_call, built-in calls).
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> toks = enc.encode("<|channel|>final<|message|>Hi<|return|>", allowed_special="all")
+    >>> [(i["type"], i["content"][0]["text"]) for i in completion_to_response_output(enc, toks)]
+    [('message', 'Hi')]
+    """
+    output: list[dict[str, Any]] = completion_to_response(
+        encoding, tokens, request=request, finish_reason=finish_reason, prompt_tokens=0)["output"]
+    return output

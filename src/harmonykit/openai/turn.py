@@ -4,88 +4,146 @@ The same ``Turn`` feeds streaming (``ChatCompletionStream``, ``ResponsesStream``
 and the one-shot functions, which run it over all tokens and fold its events:
 so the concatenated stream is, by construction, the non-streaming result.
 
-Events are ``("open", kind, key)``, ``("text", kind, key, text)`` and
-``("close", kind, key)`` with kind ``reasoning``, ``content`` or ``call``; a call
-opens with its name and id in ``Turn.calls[key]``. Rules (see docs/openai.md):
+Events (``Event``) are ``open`` / ``text`` of kind ``reasoning``, ``content`` or
+``call`` (a call opens with its name and id in ``Turn.calls[key]``), and
+``builtin`` (``Turn.builtin_calls[key]``). Rules (see docs/openai.md):
 
 - ``analysis`` is reasoning; ``final`` and recipient-less ``commentary``
-  (a preamble) are content; a message to ``functions.NAME`` or to a bare
-  function name is a tool call; other recipients (``browser.*``, ``python``)
-  are built-in tool calls, reported in the extension field, not as calls;
-- text without a channel is held until the end: it is the answer when the
-  turn has no ``final`` message, reasoning otherwise;
-- a call is shown once its arguments are whole (a complete JSON value, or the
-  message ended), so a call cut off by ``max_tokens`` is never shown;
+  (a preamble) are content;
+- a recipient is a tool call only when it names a declared function (with or
+  without ``functions.``, in the rendered or the declared spelling), or is
+  ``functions.NAME`` while the request declared tools. Nothing else ever
+  becomes a call: built-in recipients (``browser.*``, ``python``,
+  ``container.*``) are built-in calls; ``functions.NAME`` with no tools
+  declared, and bare names that are no tool, are notes, the message shown by
+  its channel where it has one that a client reads;
+- call arguments stream as they are generated; when the body starts with a
+  JSON value that parses, what trails it is cut (a note); any other body
+  passes verbatim; a call cut off by ``max_tokens`` is returned with what it
+  has, marked incomplete;
+- text without a channel (at the start, or after ``<|end|>`` at the end) is
+  held until the end: it is the answer when the turn has no ``final``
+  message, reasoning otherwise;
 - everything after the first call is the engine running past ``<|call|>``:
-  set aside, with a repair.
+  set aside, with a note.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ..encoding import HarmonyEncoding
 from ..model import Message, Role, StreamState
 from ..parse.header import Header
 from ..parse.stream import StreamableParser
-from ..tokens import STOP_TOKEN_SET
+from ..tokens import STOP_TOKEN_SET, as_token_ids
+from .errors import StreamClosed
+from .names import FUNCTIONS, ToolNames, declared_names
 
-Event = tuple[Any, ...]
-_BUILTIN_PREFIXES = ("browser.", "python", "container.", "functions_builtin.")
+_BUILTIN_PREFIXES = ("browser.", "container.", "functions_builtin.")
+#: The finish reasons an engine may report (OpenAI's own).
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
+
+#: Every note kind the mapping reports in the ``harmony`` field, with what it means.
+NOTE_KINDS: dict[str, str] = {
+    "after_tool_call": "output after the first tool call (the engine ran past <|call|>) was set aside",
+    "not_assistant": "a message of another role in the assistant's output was set aside",
+    "cut_off_tool_call": "a tool call cut off by max_tokens; returned with its partial arguments",
+    "text_after_arguments": "text after the arguments' JSON value was cut from them",
+    "empty_arguments": "a tool call with an empty body",
+    "headerless_text": "text without a channel, shown as the answer or as reasoning",
+    "undeclared_tool": "a call to functions.NAME for a NAME the request did not declare",
+    "recipient_ignored": "a recipient that is no tool; the message was shown by its channel",
+    "unknown_recipient": "a message to a recipient that is no tool, with no channel to show it by",
+}
+
+
+class Event(NamedTuple):
+    """One step of what a client sees: ``op`` is ``open``, ``text`` or ``builtin``."""
+
+    op: str
+    kind: str
+    key: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the mapping set aside or moved; ``text`` keeps what it concerned."""
+
+    kind: str
+    detail: str
+    text: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "detail": self.detail, "text": self.text}
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def tool_names(request: dict[str, Any] | None) -> list[str] | None:
-    """Declared function names of a Chat or Responses request (Chat nests them under "function")."""
-    if not request or not isinstance(request.get("tools"), list):
-        return None
-    names = []
-    for t in request["tools"]:
-        if isinstance(t, dict):
-            fn = t["function"] if isinstance(t.get("function"), dict) else t
-            if isinstance(fn.get("name"), str):
-                names.append(fn["name"])
-    return names or None
+class ArgumentStream:
+    """A call body streamed into its arguments: what to send of each delta.
 
+    A body that starts (after white space) with ``{`` or ``[`` is scanned for the
+    end of that value (strings and escapes aware); if the value then parses as
+    JSON, what trails it is held back. Any other body passes verbatim.
 
-class JsonExtent:
-    """Where the first JSON value of a growing text ends (bracket depth, strings aware).
-
-    A body that starts with ``{`` or ``[`` ends at its matching bracket; any other
-    body is raw and ends with the message.
+    >>> a = ArgumentStream()
+    >>> [a.feed(d) for d in ['{"x": "}', '", "y": [1]}', ' junk']], a.trailing()
+    (['{"x": "}', '", "y": [1]}', ''], ' junk')
     """
 
     def __init__(self) -> None:
-        self.start: int | None = None  # index of the value's first character
-        self.end: int | None = None  # index just past the value, once known
-        self.raw = False
-        self._pos = 0
+        self._parts: list[str] = []
+        self._size = 0
+        self._sent = 0  # characters sent
+        self._start: int | None = None
         self._depth = 0
         self._in_string = False
         self._escape = False
+        self._scanning = True  # a JSON value is open, or no character decided yet
+        self._cut: int | None = None  # where a valid first JSON value ends
 
-    def feed(self, text: str) -> None:
-        """Scan the text so far (the whole body, growing)."""
-        i = self._pos
-        n = len(text)
-        while i < n and self.end is None and not self.raw:
-            c = text[i]
-            if self.start is None:
-                if not c.isspace():
-                    self.start = i
-                    if c in "{[":
-                        self._depth = 1
-                    else:
-                        self.raw = True
-                i += 1
-                continue
-            if self._in_string:
+    def feed(self, delta: str) -> str:
+        """Consume more of the body; returns the part of it to send now."""
+        base = self._size
+        self._parts.append(delta)
+        self._size += len(delta)
+        if self._cut is not None:
+            return ""
+        if self._scanning:
+            end = self._scan(delta, base)
+            if end is not None:
+                text = "".join(self._parts)
+                try:
+                    json.loads(text[self._start : end])
+                except ValueError:
+                    pass  # not JSON after all: verbatim
+                else:
+                    self._cut = end
+                    out = delta[: end - base]
+                    self._sent += len(out)
+                    return out
+        self._sent += len(delta)
+        return delta
+
+    def _scan(self, delta: str, base: int) -> int | None:
+        """Index just past the first JSON value once it closes in ``delta``."""
+        for i, c in enumerate(delta):
+            if self._start is None:
+                if c.isspace():
+                    continue
+                if c not in "{[":
+                    self._scanning = False
+                    return None
+                self._start, self._depth = base + i, 1
+            elif self._in_string:
                 if self._escape:
                     self._escape = False
                 elif c == "\\":
@@ -99,15 +157,17 @@ class JsonExtent:
             elif c in "}]":
                 self._depth -= 1
                 if self._depth == 0:
-                    self.end = i + 1
-            i += 1
-        self._pos = i
+                    self._scanning = False
+                    return base + i + 1
+        return None
 
-    def arguments(self, text: str) -> str:
-        """The arguments string of a finished body: the JSON value, or the body verbatim."""
-        if self.start is None or self.raw or self.end is None:
-            return text
-        return text[self.start : self.end]
+    @property
+    def empty(self) -> bool:
+        return not any(p.strip() for p in self._parts)
+
+    def trailing(self) -> str:
+        """What was held back after the JSON value."""
+        return "".join(self._parts)[self._cut :] if self._cut is not None else ""
 
 
 @dataclass
@@ -115,7 +175,6 @@ class Call:
     key: int
     name: str
     id: str
-    arguments: str = ""
 
 
 @dataclass
@@ -125,9 +184,9 @@ class _Open:
     header: Header
     route: str  # reasoning | content | call | builtin | pending | aside
     key: int
-    emitted: int = 0  # characters of the body already sent as events
-    extent: JsonExtent | None = None
-    shown: bool = False  # a call already sent
+    emitted: int = 0  # characters of the body already consumed
+    args: ArgumentStream | None = None
+    note: Note | None = None  # said when the message ends
 
 
 @dataclass
@@ -135,32 +194,38 @@ class Turn:
     """Maps the parser's messages to reasoning, content and tool calls, event by event."""
 
     encoding: HarmonyEncoding
-    tools: list[str] | None = None
+    names: ToolNames = field(default_factory=ToolNames)
     parser: StreamableParser = field(init=False)
     calls: dict[int, Call] = field(default_factory=dict)
     builtin_calls: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[dict[str, Any]] = field(default_factory=list)  # what the mapping set aside or moved
+    notes: list[Note] = field(default_factory=list)
+    incomplete: set[int] = field(default_factory=set)  # keys of items cut off by max_tokens
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
-        self.parser = StreamableParser(self.encoding, Role.ASSISTANT, strict=False, tools=self.tools)
+        self.parser = StreamableParser(self.encoding, Role.ASSISTANT, strict=False,
+                                       tools=self.names.parser_tools() or None)
         self._seen = 0  # parser messages accounted for
         self._open: _Open | None = None
         self._keys = 0
         self._after_call = False
         self._has_final = False
-        self._pending: list[str] = []  # bodies of messages without a channel
+        self._pending: list[tuple[str, int]] = []  # bodies without a channel, and their token counts
         self._held: list[tuple[str, int, str]] = []  # text that came after them
         self._last: tuple[str, int] | None = None
         self._events: list[Event] = []
         self._cut = False  # the engine stopped at max_tokens
-        self._closed = False
+        self.closed = False
+        self.finish_reason: str | None = None
 
     # -- feeding -------------------------------------------------------------
 
     def feed(self, token_ids: Iterable[int]) -> list[Event]:
         """Consume output tokens; returns the events they produced."""
+        if self.closed:
+            raise StreamClosed("feed() after close(): this output has ended")
         p = self.parser
-        for token in token_ids:
+        for token in as_token_ids(token_ids, "token_ids"):
             p.process(token)
             op = self._open
             if op is not None and p.header is op.header and p.state is StreamState.CONTENT:
@@ -171,28 +236,36 @@ class Turn:
         return self._take()
 
     def close(self, engine_finish_reason: str = "stop") -> tuple[list[Event], str]:
-        """End of output (``engine_finish_reason``: what the engine reported); returns the last
-        events and the finish reason to report."""
-        if not self._closed:
-            self._closed = True
-            self._cut = engine_finish_reason == "length"
-            self.parser.process_eos()
-            self._step(False, at_end=True)
-            if self._pending:
-                self._flush_pending("reasoning" if self._has_final else "content")
-        if self.calls:
+        """End of output (``engine_finish_reason``: what the engine reported, one of
+        ``FINISH_REASONS``); returns the last events and the finish reason to report.
+        Closing again returns no events and the same reason."""
+        if engine_finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {', '.join(FINISH_REASONS)}; "
+                             f"got {engine_finish_reason!r}")
+        if self.closed:
+            assert self.finish_reason is not None
+            return [], self.finish_reason
+        self.closed = True
+        self._cut = engine_finish_reason == "length"
+        self.parser.process_eos()
+        self._step(False, at_end=True)
+        self._trailing_text()
+        if self._pending:
+            self._flush_pending("reasoning" if self._has_final else "content")
+        if self._cut:
+            reason = "length"
+        elif self.calls:
             reason = "tool_calls"
-        elif engine_finish_reason in ("length", "content_filter"):
-            reason = engine_finish_reason
         else:
-            reason = "stop"
+            reason = "content_filter" if engine_finish_reason == "content_filter" else "stop"
+        self.finish_reason = reason
         return self._take(), reason
 
     def extension(self) -> dict[str, Any]:
-        """The ``harmony`` extension field: every repair, and what was set aside."""
+        """The ``harmony`` extension field: every repair (in token order), and what was set aside."""
         out: dict[str, Any] = {"repairs": [r.to_dict() for r in self.parser.result().repairs]}
         if self.notes:
-            out["notes"] = list(self.notes)
+            out["notes"] = [n.to_dict() for n in self.notes]
         if self.builtin_calls:
             out["builtin_tool_calls"] = list(self.builtin_calls)
         return out
@@ -207,44 +280,64 @@ class Turn:
         p = self.parser
         msgs = p._messages
         op = self._open
+        cut = at_end and self._cut and not stopped
         if op is not None and (at_end or p.state is not StreamState.CONTENT or p.header is not op.header):
             # The streaming body ended: its message is the next one (unless it was empty and dropped).
             self._open = None
             if len(msgs) > self._seen and _same(msgs[self._seen], op.header):
                 self._seen += 1
-                self._finish(op, msgs[self._seen - 1].content[0].text, stopped)  # type: ignore[attr-defined]
+                self._finish(op, _text_of(msgs[self._seen - 1]), self._span(self._seen - 1), cut)
             else:
-                self._finish(op, "", False)
+                self._finish(op, "", 0, cut)
         while len(msgs) > self._seen:  # messages that arrived whole (no <|message|>, prose, ...)
             m = msgs[self._seen]
             self._seen += 1
-            whole = self._begin(_header_of(m))
-            self._finish(whole, m.content[0].text, stopped)  # type: ignore[attr-defined]
+            self._finish(self._begin(_header_of(m)), _text_of(m), self._span(self._seen - 1), cut)
         if p.state is StreamState.CONTENT and p.header is not None and self._open is None and not at_end:
             self._open = self._begin(p.header)
             if p.last_content_delta is not None:
                 self._delta(self._open, p.last_content_delta)
 
-    def _route(self, h: Header) -> str:
+    def _span(self, index: int) -> int:
+        start, end = self.parser.spans[index]
+        return end - start
+
+    def _route(self, h: Header) -> tuple[str, str, Note | None]:
+        """(route, the declared name of a call, a note to add when the message ends)."""
         if self._after_call or h.role is not Role.ASSISTANT:
-            return "aside"
-        if h.recipient is not None:
-            return "call" if self._is_function(h.recipient) else "builtin"
+            return "aside", "", None
+        r = h.recipient
+        if r is None:
+            return self._by_channel(h), "", None
+        name = self.names.resolve(r)
+        if name is not None:
+            return "call", name, None
+        if r.startswith(_BUILTIN_PREFIXES) or r == "python" or ("." in r and not r.startswith(FUNCTIONS)):
+            return "builtin", "", None
+        if r.startswith(FUNCTIONS):
+            bare = r[len(FUNCTIONS) :]
+            if self.names:  # the client answers "unknown tool" and the model recovers
+                return "call", bare, Note("undeclared_tool", f"call to {r}, not declared by the request")
+            return "aside", "", Note("undeclared_tool", f"call to {r} with no tools declared; not returned")
+        route = self._by_channel(h)
+        if route == "content" and h.channel != "final":  # commentary to a name that is no tool
+            return "aside", "", Note("unknown_recipient", f"message to {r!r}, which is no tool, set aside")
+        return route, "", Note("recipient_ignored", f"recipient {r!r} is no tool; shown as {route}")
+
+    @staticmethod
+    def _by_channel(h: Header) -> str:
         if h.channel == "analysis":
             return "reasoning"
         return "pending" if h.channel is None else "content"
 
-    def _is_function(self, recipient: str) -> bool:
-        if recipient.startswith("functions.") or (self.tools and recipient in self.tools):
-            return True
-        return "." not in recipient and not recipient.startswith(_BUILTIN_PREFIXES)
-
     def _begin(self, h: Header) -> _Open:
-        route = self._route(h)
+        route, name, note = self._route(h)
         self._keys += 1
-        op = _Open(h, route, self._keys)
+        op = _Open(h, route, self._keys, note=note)
         if route == "call":
-            op.extent = JsonExtent()
+            op.args = ArgumentStream()
+            self.calls[op.key] = Call(op.key, name, new_id("call"))
+            self._text("call", op.key, "")  # the call opens at once: its name is known
         elif route == "content" and h.channel == "final":
             self._has_final = True
             if self._pending:
@@ -252,15 +345,12 @@ class Turn:
         return op
 
     def _delta(self, op: _Open, text: str) -> None:
+        op.emitted += len(text)
         if op.route in ("reasoning", "content"):
             self._text(op.route, op.key, text)
-            op.emitted += len(text)
-        elif op.route == "call" and not op.shown:
-            assert op.extent is not None
-            body = self.parser.content
-            op.extent.feed(body)
-            if op.extent.end is not None:  # the arguments are whole: show the call now
-                self._show_call(op, op.extent.arguments(body))
+        elif op.route == "call":
+            assert op.args is not None
+            self._text("call", op.key, op.args.feed(text))
 
     def _text(self, kind: str, key: int, text: str) -> None:
         if not text and kind != "call":
@@ -270,63 +360,90 @@ class Turn:
             self._held.append((kind, key, text))
             return
         if self._last != (kind, key):
-            self._events.append(("open", kind, key))
+            self._events.append(Event("open", kind, key))
             self._last = (kind, key)
-        self._events.append(("text", kind, key, text))
+        if text:
+            self._events.append(Event("text", kind, key, text))
 
-    def _show_call(self, op: _Open, arguments: str) -> None:
-        name = op.header.recipient or ""
-        name = name[len("functions."):] if name.startswith("functions.") else name
-        self.calls[op.key] = Call(op.key, name, new_id("call"), arguments)
-        self._text("call", op.key, arguments)
-        op.shown = True
-
-    def _finish(self, op: _Open, text: str, stopped: bool) -> None:
+    def _finish(self, op: _Open, text: str, ntokens: int, cut: bool) -> None:
+        rest = text[op.emitted :]
+        if op.note is not None:
+            self.notes.append(Note(op.note.kind, op.note.detail, text))
         if op.route in ("reasoning", "content"):
-            self._text(op.route, op.key, text[op.emitted:])
+            self._delta(op, rest)
+            if op.route == "reasoning":
+                self.reasoning_tokens += ntokens
+            if cut:
+                self.incomplete.add(op.key)
         elif op.route == "pending":
             if text.strip():
-                self._pending.append(text)
+                self._pending.append((text, ntokens))
         elif op.route == "call":
-            self._finish_call(op, text, stopped)
+            self._finish_call(op, rest, text, cut)
         elif op.route == "builtin":
-            self.builtin_calls.append({"recipient": op.header.recipient, "channel": op.header.channel,
-                                       "content_type": op.header.content_type, "arguments": text})
             self._after_call = True
-        elif text:
-            self.notes.append({
-                "kind": "after_tool_call" if self._after_call else "not_assistant",
-                "detail": "output after the first tool call: the engine ran past <|call|>"
-                if self._after_call else f"a {op.header.role.value} message in the assistant's output",
-                "text": text,
-            })
+            call: dict[str, Any] = {"recipient": op.header.recipient, "channel": op.header.channel,
+                                    "content_type": op.header.content_type, "arguments": text}
+            if cut:
+                call["incomplete"] = True
+            self.builtin_calls.append(call)
+            self._events.append(Event("builtin", "builtin", len(self.builtin_calls) - 1))
+        elif text and op.note is None:
+            after = self._after_call
+            self.notes.append(Note(
+                "after_tool_call" if after else "not_assistant",
+                "output after the first tool call: the engine ran past <|call|>" if after
+                else f"a {op.header.role.value} message in the assistant's output", text))
 
-    def _finish_call(self, op: _Open, text: str, stopped: bool) -> None:
-        assert op.extent is not None
-        op.extent.feed(text)
-        if not op.shown:
-            if self._cut and not stopped and op.extent.end is None:
-                self.notes.append({"kind": "cut_off_tool_call",
-                                   "detail": f"call to {op.header.recipient} cut off by max_tokens",
-                                   "text": text})
-                return
-            self._show_call(op, op.extent.arguments(text))
-        end = op.extent.end
-        if end is not None and text[end:].strip():
-            self.notes.append({"kind": "text_after_arguments",
-                               "detail": "text after the arguments' JSON value", "text": text[end:]})
+    def _finish_call(self, op: _Open, rest: str, text: str, cut: bool) -> None:
+        assert op.args is not None
+        self._delta(op, rest)
+        name = self.calls[op.key].name
+        if op.args.empty:
+            self.notes.append(Note("empty_arguments", f"call to {name} with an empty body", text))
+        trailing = op.args.trailing()
+        if trailing.strip():
+            self.notes.append(Note("text_after_arguments", "text after the arguments' JSON value", trailing))
+        if cut:
+            self.incomplete.add(op.key)
+            self.notes.append(Note("cut_off_tool_call", f"call to {name} cut off by max_tokens", text))
         self._after_call = True
 
+    def _trailing_text(self) -> None:
+        """Text after the last message with no header (a structured-output engine's answer
+        after ``<|end|>``) joins the text without a channel."""
+        p = self.parser
+        if self._after_call or not p.skipped:
+            return
+        kinds = {(r.start, r.end): r.kind for r in p.repairs if r.kind in ("stray_text", "stray_stop_token")}
+        last_span = p.spans[-1][1] if p.spans else 0
+        for start, end in reversed(p.skipped):
+            kind = kinds.get((start, end))
+            if start < last_span:
+                return
+            if kind == "stray_stop_token":
+                continue
+            if kind == "stray_text":
+                text = self.encoding.decode([t for t in p._tokens[start:end] if 0 <= t < 199998])
+                if text.strip():
+                    self._pending.append((text, end - start))
+            return
+
     def _flush_pending(self, kind: str) -> None:
-        text = "\n\n".join(t.strip() for t in self._pending)
+        text = "\n\n".join(t.strip() for t, _ in self._pending)
+        if kind == "reasoning":
+            self.reasoning_tokens += sum(n for _, n in self._pending)
         self._pending = []
         self._keys += 1
         self._text(kind, self._keys, text)
         held, self._held = self._held, []
         for event in held:
             self._text(*event)
-        self.notes.append({"kind": "headerless_text", "detail": f"text without a channel shown as {kind}",
-                           "text": text})
+        self.notes.append(Note("headerless_text", f"text without a channel shown as {kind}", text))
+
+
+def _text_of(m: Message) -> str:
+    return "".join(getattr(c, "text", "") for c in m.content)
 
 
 def _same(message: Message, header: Header) -> bool:
@@ -353,20 +470,26 @@ class OutputStream:
         model: str | None,
         prompt_tokens: int | None,
     ) -> None:
+        if not isinstance(encoding, HarmonyEncoding):
+            raise TypeError(f"encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "
+                            f"got {type(encoding).__name__}")
+        if request is not None and not isinstance(request, dict):
+            raise TypeError(f"request must be the request body as a dict, got {type(request).__name__}")
         self.request = request or {}
         self.id = id or new_id(self.id_prefix)
         self.model = model or self.request.get("model") or "gpt-oss"
         self.output_tokens = 0
-        self.turn = Turn(encoding, tool_names(request))
+        self.turn = Turn(encoding, declared_names(request))
         self._encoding = encoding
         self._render = render
         self._prompt_tokens = prompt_tokens
         self.started = False
 
     def events(self, token_ids: Iterable[int]) -> list[Event]:
-        ids = list(token_ids)
+        ids = as_token_ids(token_ids, "token_ids")
+        events = self.turn.feed(ids)
         self.output_tokens += len(ids)
-        return self.turn.feed(ids)
+        return events
 
     def prompt_tokens(self) -> int:
         """The request's prompt length (rendered once, when not given)."""

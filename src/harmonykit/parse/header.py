@@ -11,6 +11,7 @@ Two readings of a header live here and nowhere else:
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from bisect import bisect_right
@@ -324,11 +325,20 @@ def _is_content_type(word: str) -> bool:
     return word in _KNOWN_CONTENT_TYPES or bool(_MIME.match(word))
 
 
+@functools.lru_cache(maxsize=256)
+def _folded(tools: frozenset[str]) -> frozenset[str]:
+    return frozenset(t.casefold() for t in tools)
+
+
 def _tool_match(name: str, tools: frozenset[str] | None) -> bool:
+    """Whether ``name`` (with or without ``functions.``, in any case) is a declared tool."""
     if not tools:
         return False
     bare = name[len("functions.") :] if name.startswith("functions.") else name
-    return bare in tools or name in tools
+    if bare in tools or name in tools:
+        return True
+    folded = _folded(tools)
+    return bare.casefold() in folded or name.casefold() in folded
 
 
 def named_nothing(recipient: str) -> bool:

@@ -15,7 +15,7 @@ a skipped range with a repair that says why.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Final
 
@@ -37,6 +37,7 @@ from ..tokens import (
     STARTOFTEXT,
     STOP_NAMES,
     StopName,
+    token_id,
 )
 from .header import (
     Header,
@@ -123,6 +124,25 @@ TOLERANT: Final[dict[StreamState, dict[Kind, str]]] = {
 }
 
 
+def check_role(role: object) -> Role | None:
+    """A role argument: a ``Role``, its value (``"assistant"``), or None."""
+    if role is None or isinstance(role, Role):
+        return role
+    if isinstance(role, str) and role in Role._value2member_map_:
+        return Role(role)
+    raise TypeError(f"role must be a Role (or None), got {type(role).__name__} {role!r}")
+
+
+def check_tools(tools: object) -> frozenset[str] | None:
+    """A tools argument: declared function names, or None."""
+    if tools is None:
+        return None
+    names = list(tools) if isinstance(tools, Iterable) and not isinstance(tools, str) else None
+    if names is None or not all(isinstance(t, str) for t in names):
+        raise TypeError(f"tools must be a list of function names (str), got {tools!r:.80}")
+    return frozenset(names)
+
+
 class Machine:
     """The Harmony parser's state machine (see the module docstring).
 
@@ -183,7 +203,7 @@ class Machine:
         """Consume one token."""
         # The hot path: an ordinary token inside a body that decodes on its own.
         # (`_plain_body`: in a body, with no pending bytes and no undecodable token.)
-        if self._plain_body and 0 <= token < 199998:
+        if self._plain_body and type(token) is int and 0 <= token < 199998:
             s = self._str_cache.get(token)
             if s is None:
                 s = self._fill_str(token)
@@ -193,6 +213,8 @@ class Machine:
                 self.last_content_delta = s
                 return self
         index = len(self._tokens)
+        if type(token) is not int:
+            token = token_id(token, f"token {index}")
         self._tokens.append(token)
         action = self._table[self.state][kind_of(token)]
         getattr(self, "_" + action)(token, index)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model import Message, Role, StreamState
-from .machine import Machine
+from .machine import Machine, check_role, check_tools
 
 if TYPE_CHECKING:
     from ..encoding import HarmonyEncoding
@@ -47,8 +47,12 @@ class StreamableParser(Machine):
         strict: bool = True,
         tools: Iterable[str] | None = None,
     ) -> None:
-        super().__init__(*encoding._machine_io(), role, strict=strict,
-                         tools=frozenset(tools) if tools is not None else None)
+        from ..encoding import HarmonyEncoding
+
+        if not isinstance(encoding, HarmonyEncoding):
+            raise TypeError("encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "
+                            f"got {type(encoding).__name__}")
+        super().__init__(*encoding._machine_io(), check_role(role), strict=strict, tools=check_tools(tools))
         self._messages_view: list[Message] = []
 
     @property
