@@ -105,6 +105,20 @@ def test_effort_and_defaults(enc: hk.HarmonyEncoding) -> None:
     assert "Reasoning: low" in enc.decode_utf8(low.tokens)
 
 
+U = [{"role": "user", "content": "x"}]
+
+
+def fn(name: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
+DEEP: dict[str, Any] = {"type": "object"}
+for _ in range(400):
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
+CYCLE: dict[str, Any] = {"type": "object", "properties": {}}
+CYCLE["properties"]["self"] = CYCLE
+
+
 @pytest.mark.parametrize(
     ("request_body", "param", "fragment"),
     [
@@ -123,17 +137,54 @@ def test_effort_and_defaults(enc: hk.HarmonyEncoding) -> None:
         ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}, "reasoning_effort",
          "low, medium, high"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": CHAT["tools"],
-          "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice", "not in tools"),
+          "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice.function.name",
+         "not in tools"),
         ({"messages": [{"role": "user", "content": "x"}],
           "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
          "response_format.json_schema.name", "needs a name"),
+        # a named tool_choice with no tools, or not shaped as one
+        ({"messages": U, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+         "declares no tools"),
+        ({"messages": U, "tools": CHAT["tools"], "tool_choice": {"type": "function", "function": "f"}},
+         "tool_choice.function", "named tool_choice"),
+        ({"messages": U, "tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"messages": U, "tool_choice": "sometimes"}, "tool_choice", "unsupported"),
+        # schemas that are not JSON Schema
+        ({"messages": U, "tools": [fn("f", {"type": "object", "properties": []})]},
+         "tools[0].function.parameters.properties", "object of schemas"),
+        ({"messages": U, "tools": [fn("f", {"type": "object", "properties": {"a": {"type": "text"}}})]},
+         "tools[0].function.parameters.properties.a.type", "unknown type"),
+        ({"messages": U, "tools": [fn("f", {"type": "object", "required": "a"})]},
+         "tools[0].function.parameters.required", "list of property names"),
+        ({"messages": U, "tools": [fn("f", {"type": "object", "required": [1]})]},
+         "tools[0].function.parameters.required", "list of property names"),
+        ({"messages": U, "tools": [fn("f", {"type": "number", "default": float("nan")})]},
+         "tools[0].function.parameters.default", "not a JSON number"),
+        ({"messages": U, "tools": [fn("f", {"type": "number", "default": float("inf")})]},
+         "tools[0].function.parameters.default", "not a JSON number"),
+        ({"messages": U, "tools": [fn("f", DEEP)]}, None, "nested deeper"),
+        ({"messages": U, "tools": [fn("f", CYCLE)]}, None, "refers to itself"),
+        ({"messages": U, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "default": {1, 2}}}}}, "response_format.json_schema.schema.default", "not a JSON value"),
+        ({"messages": U, "response_format": {"type": "json_object", "extra": b"x"}}, "response_format.extra",
+         "not a JSON value"),
+        # duplicate names, and names that collide once rendered as identifiers
+        ({"messages": U, "tools": [fn("f"), fn("f")]}, "tools[1]", "declared twice"),
+        ({"messages": U, "tools": [fn("get weather"), fn("get_weather")]}, "tools[1]", "both render as"),
+        # non-string content where text is required
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string or a list"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "string or a list"),
+        ({"messages": [{"role": "system", "content": {"text": "x"}}, *U]}, "messages[0].content",
+         "string or a list"),
+        ({"messages": [{"role": "assistant", "content": "x", "tool_calls": {"id": "a"}}]},
+         "messages[0].tool_calls", "must be a list"),
     ],
 )
 def test_bad_chat_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any], param: str,
                            fragment: str) -> None:
     with pytest.raises(RequestError) as info:
         render_chat_request(enc, request_body)
-    assert info.value.param == param and fragment in info.value.message
+    assert (param is None or info.value.param == param) and fragment in info.value.message, info.value
     assert info.value.to_dict()["error"]["type"] == "invalid_request_error"
 
 
@@ -146,6 +197,13 @@ def test_bad_chat_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any]
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0]"),
         ({"input": "x", "instructions": 3}, "instructions"),
+        ({"input": [{"type": "reasoning", "content": 5}]}, "input[0].content"),
+        ({"input": "x", "text": "x"}, "text"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "bogus"}}}},
+         "text.format.schema.type"),
+        ({"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"properties": 1}}]},
+         "tools[0].parameters.properties"),
     ],
 )
 def test_bad_responses_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any], param: str) -> None:
@@ -175,3 +233,28 @@ def test_round_trip(enc: hk.HarmonyEncoding, completion: str) -> None:
         dropped = enc.encode("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant", allowed_special="all")
         expected = prompt.tokens + [200007 if t == 200002 else t for t in generated[len(dropped):]] + [200006, 173781]
     assert rendered == expected
+
+
+def test_tool_names_render_as_identifiers(enc: hk.HarmonyEncoding) -> None:
+    tools = [fn("Get Intersection Layout"), fn("github.create_issue")]
+    request = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "github.create_issue", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "tools": tools}
+    prompt = render_chat_request(enc, request)
+    text = enc.decode_utf8(prompt.tokens)
+    assert "type Get_Intersection_Layout = " in text and "type github_create_issue = " in text
+    assert "to=functions.github_create_issue" in text and "<|start|>functions.github_create_issue to=assistant" in text
+    assert prompt.tool_names == ["Get Intersection Layout", "github.create_issue"]
+    # calls come back under the declared names
+    out = enc.encode("<|channel|>commentary to=functions.Get_Intersection_Layout <|constrain|>json<|message|>{}"
+                     "<|call|>", allowed_special="all")
+    choice = completion_to_chat_choice(enc, out, request=request)
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "Get Intersection Layout"
+
+
+def test_chat_shaped_tools_in_both_apis(enc: hk.HarmonyEncoding) -> None:
+    chat = render_chat_request(enc, {"messages": [{"role": "user", "content": "x"}],
+                                     "tools": [{"type": "function", "name": "f", "parameters": WEATHER}]})
+    responses = render_responses_request(enc, {"input": "x", "tools": CHAT["tools"]})
+    assert "type get_weather = " in enc.decode_utf8(responses.tokens)
+    assert "type f = " in enc.decode_utf8(chat.tokens)

@@ -24,6 +24,8 @@ from ..model import (
 )
 from ..tokens import CALL, RETURN
 from .errors import RequestError
+from .names import ToolNames, identifier
+from .schema import check_json, check_schema
 
 _EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH,
             "minimal": ReasoningEffort.LOW}
@@ -32,13 +34,15 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 
 @dataclass
 class Prompt:
-    """A rendered request: the conversation, its tokens (ending in ``<|start|>assistant``)
-    and the stop tokens to sample with (``<|return|>``, ``<|call|>``)."""
+    """A rendered request: the conversation, its tokens (ending in ``<|start|>assistant``),
+    the stop tokens to sample with (``<|return|>``, ``<|call|>``), the declared function
+    names and ``names``, which maps the identifiers the prompt shows back to them."""
 
     conversation: Conversation
     tokens: list[int]
     stop_token_ids: list[int] = field(default_factory=lambda: [RETURN, CALL])
     tool_names: list[str] = field(default_factory=list)
+    names: ToolNames = field(default_factory=ToolNames)
 
 
 def _effort(value: Any, param: str) -> ReasoningEffort:
@@ -70,14 +74,15 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
 
 
 def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
-    """A function tool: Chat nests it under "function", Responses does not."""
+    """A function tool, rendered under its identifier. Chat nests it under "function",
+    Responses does not; either API accepts either shape."""
     if not isinstance(spec, dict) or spec.get("type", "function") != "function":
         kind = spec.get("type") if isinstance(spec, dict) else type(spec).__name__
         raise RequestError(param, f"only function tools are supported, got {kind!r}")
+    nested = "function" in spec or (nested and "name" not in spec)
     fn = spec.get("function") if nested else spec
-    if nested and not isinstance(fn, dict):
+    if not isinstance(fn, dict):
         raise RequestError(f"{param}.function", "a function tool needs a 'function' object")
-    assert isinstance(fn, dict)
     where = f"{param}.function" if nested else param
     name = fn.get("name")
     if not isinstance(name, str) or not name:
@@ -88,37 +93,50 @@ def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     if not isinstance(description, str):
         raise RequestError(f"{where}.description", "description must be a string")
     parameters = fn.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise RequestError(f"{where}.parameters", "parameters must be a JSON Schema object")
-    return ToolDescription.new(name, description, parameters)
+    if parameters is not None:
+        check_schema(parameters, f"{where}.parameters")
+    return ToolDescription.new(identifier(name), description, parameters)
 
 
-def _tools(tools: Any, tool_choice: Any, nested: bool) -> list[ToolDescription]:
+def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[ToolDescription], ToolNames]:
+    """The tools to render (none for ``tool_choice: "none"``) and the declared names."""
     if tools is None:
-        return []
+        tools = []
     if not isinstance(tools, list):
         raise RequestError("tools", "tools must be a list")
+    declared = [_declared_name(t) for t in tools]
+    names = ToolNames.of(declared)  # two names that render alike are an error
     described = [_tool(t, f"tools[{i}]", nested) for i, t in enumerate(tools)]
-    names = [t.name for t in described]
-    if len(set(names)) != len(names):
-        raise RequestError("tools", "function names must be unique")
-    if tool_choice == "none":
-        return []
     if isinstance(tool_choice, dict):
-        chosen = (tool_choice.get("function") or {}).get("name") if nested else tool_choice.get("name")
-        if chosen not in names:
-            raise RequestError("tool_choice", f"tool_choice names {chosen!r}, which is not in tools")
-    elif tool_choice not in (None, "auto", "required"):
-        raise RequestError("tool_choice", f"unsupported tool_choice {tool_choice!r}")
-    return described
+        fn = tool_choice.get("function", tool_choice) if "function" in tool_choice else tool_choice
+        param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
+        if tool_choice.get("type", "function") != "function":
+            raise RequestError("tool_choice.type", f"unsupported tool_choice type {tool_choice.get('type')!r}")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(param, "a named tool_choice needs {\"name\": \"...\"} (a function's name)")
+        if not names:
+            raise RequestError("tool_choice", f"tool_choice names {fn['name']!r} but the request declares no tools")
+        if fn["name"] not in names.declared:
+            raise RequestError(f"{param}.name", f"tool_choice names {fn['name']!r}, which is not in tools")
+    elif tool_choice not in (None, "auto", "required", "none"):
+        raise RequestError("tool_choice", f"unsupported tool_choice {tool_choice!r}; use auto, required, "
+                                          "none or a named function")
+    elif tool_choice == "required" and not names:
+        raise RequestError("tool_choice", "tool_choice 'required' needs tools")
+    return ([] if tool_choice == "none" else described), names
+
+
+def _declared_name(spec: Any) -> str:
+    fn = spec.get("function") if isinstance(spec, dict) and "function" in spec else spec
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def _response_format_section(name: Any, description: Any, schema: Any, param: str) -> str:
     # "# Response Formats / ## name / // description / schema", as gpt-oss was trained.
     if not isinstance(name, str) or not name:
         raise RequestError(f"{param}.name", "a json_schema response format needs a name")
-    if not isinstance(schema, dict):
-        raise RequestError(f"{param}.schema", "the schema must be a JSON Schema object")
+    check_schema(schema, f"{param}.schema")
     lines = ["# Response Formats", "", f"## {name}", ""]
     if isinstance(description, str) and description:
         lines.append(f"// {description}")
@@ -131,6 +149,7 @@ def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
         return None
     if not isinstance(fmt, dict):
         raise RequestError(param, "must be an object")
+    check_json(fmt, param)
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
@@ -162,10 +181,10 @@ class _Builder:
             channel = "commentary" if calls else "final"
             self.messages.append(Message.from_role_and_content(Role.ASSISTANT, content).with_channel(channel))
         for call_id, name, arguments in calls:
-            self.call_names[call_id] = name
+            self.call_names[call_id] = identifier(name)  # as the prompt declared it
             self.messages.append(
                 Message.from_role_and_content(Role.ASSISTANT, arguments).with_channel("commentary")
-                .with_recipient(f"functions.{name}").with_content_type("<|constrain|>json"))
+                .with_recipient(f"functions.{identifier(name)}").with_content_type("<|constrain|>json"))
 
     def tool_result(self, call_id: Any, output: str, param: str) -> None:
         name = self.call_names.get(call_id) if isinstance(call_id, str) else None
@@ -194,9 +213,9 @@ class _Builder:
         return Conversation.from_messages(out + self.messages)
 
 
-def _prompt(encoding: HarmonyEncoding, convo: Conversation, tools: list[ToolDescription]) -> Prompt:
+def _prompt(encoding: HarmonyEncoding, convo: Conversation, names: ToolNames) -> Prompt:
     tokens = encoding.render_conversation_for_completion(convo, Role.ASSISTANT)
-    return Prompt(convo, tokens, tool_names=[t.name for t in tools])
+    return Prompt(convo, tokens, tool_names=list(names.declared), names=names)
 
 
 def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
@@ -226,7 +245,10 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
                 Role.USER, _text(msg.get("content"), f"{param}.content")))
         elif role == "assistant":
             calls = []
-            for j, call in enumerate(msg.get("tool_calls") or []):
+            tool_calls = msg.get("tool_calls") or []
+            if not isinstance(tool_calls, list):
+                raise RequestError(f"{param}.tool_calls", "tool_calls must be a list")
+            for j, call in enumerate(tool_calls):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
                         or not isinstance(call.get("id"), str):
@@ -248,9 +270,9 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
             raise RequestError(f"{param}.role", f"unknown role {role!r}")
     effort = _effort(request["reasoning_effort"], "reasoning_effort") \
         if request.get("reasoning_effort") is not None else ReasoningEffort.MEDIUM
-    tools = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
+    tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
     fmt = _format_from(request.get("response_format"), "response_format", nested=True)
-    return _prompt(encoding, b.conversation(effort, tools, fmt), tools)
+    return _prompt(encoding, b.conversation(effort, tools, fmt), names)
 
 
 def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
@@ -287,10 +309,13 @@ def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any])
             else:
                 raise RequestError(f"{param}.role", f"unknown role {role!r}")
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
+            key = "content" if item.get("content") else "summary"
+            parts = item.get(key) or []
+            if not isinstance(parts, list):
+                raise RequestError(f"{param}.{key}", f"a reasoning item's {key} must be a list of text parts")
             pending_reasoning.append(_text(
                 [{"type": "text", "text": p.get("text")} if isinstance(p, dict) else p for p in parts],
-                f"{param}.content"))
+                f"{param}.{key}"))
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
@@ -310,8 +335,9 @@ def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any])
         raise RequestError("reasoning", "reasoning must be an object")
     effort = _effort(reasoning["effort"], "reasoning.effort") \
         if reasoning.get("effort") is not None else ReasoningEffort.MEDIUM
-    tools = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
-    text_cfg = request.get("text") or {}
-    fmt = _format_from(text_cfg.get("format") if isinstance(text_cfg, dict) else None, "text.format",
-                       nested=False)
-    return _prompt(encoding, b.conversation(effort, tools, fmt), tools)
+    tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
+    text_cfg = request.get("text")
+    if text_cfg is not None and not isinstance(text_cfg, dict):
+        raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
+    fmt = _format_from((text_cfg or {}).get("format"), "text.format", nested=False)
+    return _prompt(encoding, b.conversation(effort, tools, fmt), names)
