@@ -111,11 +111,13 @@ def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[ToolDescrip
         fn = tool_choice.get("function", tool_choice) if "function" in tool_choice else tool_choice
         param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
         if tool_choice.get("type", "function") != "function":
-            raise RequestError("tool_choice.type", f"unsupported tool_choice type {tool_choice.get('type')!r}")
+            raise RequestError("tool_choice.type",
+                               f"unsupported tool_choice type {tool_choice.get('type')!r}")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RequestError(param, "a named tool_choice needs {\"name\": \"...\"} (a function's name)")
         if not names:
-            raise RequestError("tool_choice", f"tool_choice names {fn['name']!r} but the request declares no tools")
+            raise RequestError("tool_choice",
+                               f"tool_choice names {fn['name']!r} but the request declares no tools")
         if fn["name"] not in names.declared:
             raise RequestError(f"{param}.name", f"tool_choice names {fn['name']!r}, which is not in tools")
     elif tool_choice not in (None, "auto", "required", "none"):

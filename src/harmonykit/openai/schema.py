@@ -49,9 +49,9 @@ def check_json(value: Any, param: str, depth: int = 0, path: frozenset[int] = fr
 def check_schema(schema: Any, param: str) -> None:
     """A JSON Schema object, checked for what a renderer relies on.
 
-    >>> check_schema({"type": "object", "properties": {"a": {"type": "strin"}}}, "parameters")
+    >>> check_schema({"type": "object", "properties": {"a": {"type": "strin"}}}, "p")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    harmonykit.openai.errors.RequestError: parameters.properties.a.type: unknown type 'strin'; use one of array, boolean, integer, null, number, object, string
+    harmonykit.openai.errors.RequestError: p.properties.a.type: unknown type 'strin'; ...
     """
     if not isinstance(schema, dict):
         raise RequestError(param, "must be a JSON Schema object")
@@ -71,9 +71,11 @@ def _check(schema: Any, param: str, depth: int) -> None:
         kinds = kind if isinstance(kind, list) else [kind]
         for k in kinds:
             if not isinstance(k, str) or k not in _TYPES:
-                raise RequestError(f"{param}.type", f"unknown type {k!r}; use one of {', '.join(sorted(_TYPES))}")
+                raise RequestError(f"{param}.type",
+                                   f"unknown type {k!r}; use one of {', '.join(sorted(_TYPES))}")
     required = schema.get("required")
-    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+    names = required if isinstance(required, list) else [None]
+    if required is not None and not all(isinstance(r, str) for r in names):
         raise RequestError(f"{param}.required", "required must be a list of property names (strings)")
     enum = schema.get("enum")
     if enum is not None and not isinstance(enum, list):
