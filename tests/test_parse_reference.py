@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import harmonykit as hk
@@ -219,3 +221,31 @@ def test_constrained_output_without_recipient(enc: hk.HarmonyEncoding) -> None:
     for strict in (True, False):
         assert stream(enc, text, None, strict) == expected
         assert parse(enc, text, None, strict) == expected
+
+
+def _escapes_in_error(parse: Any, chars: list[str]) -> str:
+    header = "assistant " + " ".join("x" + c for c in chars) + " r ct"
+    text = "<|start|>" + header + "<|message|>x<|end|>"
+    with pytest.raises(Exception) as info:
+        parse(text)
+    return str(info.value).splitlines()[0]
+
+
+def test_rust_escaping_matches_reference(enc: hk.HarmonyEncoding, ref: Any) -> None:
+    """Strict errors print leftover header words as Rust's {:?} does: grapheme-extending marks
+    (U+09BE), format characters, unassigned code points, characters newer than this Python."""
+    import random
+
+    rng = random.Random(7)
+    pool = [0x9BE, 0xB3E, 0x1D165, 0xCF3, 0x1FA75, 0x2B739, 0x11F00, 0x200D, 0xAD, 0x301, 0xE0001, 0x10FFFF]
+    pool += [rng.randrange(0x80, 0x110000) for _ in range(1500)]
+    chars = [chr(c) for c in pool if not 0xD800 <= c <= 0xDFFF and chr(c) not in "\x85\xa0\u1680\u2028\u2029"
+             and not 0x2000 <= c <= 0x200A and chr(c) not in "\u202f\u205f\u3000"]
+
+    def ours(text: str) -> None:
+        enc.parse_messages_from_completion_tokens(enc.encode(text, allowed_special="all"), None)
+
+    def theirs(text: str) -> None:
+        ref.parse_messages_from_completion_tokens(ref.encode(text, allowed_special="all"), None)
+
+    assert _escapes_in_error(ours, chars) == _escapes_in_error(theirs, chars)

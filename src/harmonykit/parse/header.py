@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import re
-import unicodedata
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from ..tokens import (
     SPECIAL_TOKEN_NAMES,
     STARTOFTEXT,
 )
+from ._rust_escape import ESCAPED
 from .result import Repair
 
 # Rust's char::is_whitespace (Unicode White_Space); Python's str.isspace differs.
@@ -81,26 +81,14 @@ def rust_trim(s: str) -> str:
     return s[i:j]
 
 
-# Blocks added in Unicode 15.0-16.0: unassigned for this Python's unicodedata,
-# printable for the Rust that built the reference.
-_NEWER_BLOCKS = (
-    (0x105C0, 0x105FF), (0x10D40, 0x10D8F), (0x10EC0, 0x10EFF), (0x11380, 0x113FF),
-    (0x116D0, 0x116FF), (0x11B00, 0x11B5F), (0x11BC0, 0x11BFF), (0x11F00, 0x11F5F),
-    (0x13460, 0x143FF), (0x16100, 0x1613F), (0x16D40, 0x16D7F), (0x1CC00, 0x1CEBF),
-    (0x1D2C0, 0x1D2DF), (0x1E030, 0x1E08F), (0x1E4D0, 0x1E4FF), (0x1E5D0, 0x1E5FF),
-    (0x2EBF0, 0x2EE5F), (0x31350, 0x323AF),
-)
+_ESCAPED_STARTS = [lo for lo, _ in ESCAPED]
 
 
 def _rust_escapes(ch: str) -> bool:
     """Whether Rust's ``{:?}`` escapes ``ch`` (not printable, or grapheme-extending)."""
-    cat = unicodedata.category(ch)
-    if cat in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp", "Zs", "Mn", "Me") or ch in "\uff9e\uff9f":
-        return True
-    if cat == "Cn":
-        cp = ord(ch)
-        return not any(lo <= cp <= hi for lo, hi in _NEWER_BLOCKS)
-    return False
+    cp = ord(ch)
+    k = bisect_right(_ESCAPED_STARTS, cp) - 1
+    return k >= 0 and cp <= ESCAPED[k][1]
 
 
 _RUST_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
