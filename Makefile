@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench wheel-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
+
+# The built wheel works outside the checkout: a fresh venv, the CLI and an import smoke test.
+wheel-check: $(STAMP)
+	rm -rf build/wheel-check && mkdir -p build/wheel-check
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w build/wheel-check .
+	$(PYTHON) -m venv build/wheel-check/venv
+	build/wheel-check/venv/bin/python -m pip install --quiet --disable-pip-version-check build/wheel-check/*.whl
+	cd build/wheel-check && ./venv/bin/python ../../tests/smoke.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -97,3 +97,43 @@ def test_core_does_not_import_the_cli() -> None:
     code = "import sys, harmonykit; print('harmonykit.cli' in sys.modules, 'argparse' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.split()[0] == "False"
+
+
+def test_final_newline_is_not_part_of_the_completion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "c.txt"
+    f.write_text("<|channel|>final<|message|>Hi<|return|>\n", encoding="utf-8")
+    code, out, _ = run(["parse", "--strict", str(f)], capsys=capsys)
+    assert code == 0 and json.loads(out)["messages"][0]["content"][0]["text"] == "Hi"
+    code, out, _ = run(["parse", str(f)], capsys=capsys)
+    assert json.loads(out)["repairs"] == []
+    # only one: a second newline is the model's
+    f.write_text("<|channel|>final<|message|>Hi\n\n", encoding="utf-8")
+    code, out, _ = run(["parse", str(f)], capsys=capsys)
+    assert json.loads(out)["messages"][0]["content"][0]["text"] == "Hi\n"
+
+
+CHAT_BODY = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+             "tools": [{"type": "function", "function": {"name": "get weather", "parameters": {"type": "object"}}}]}
+
+
+@pytest.mark.parametrize(("body", "flag", "needle"), [
+    (CHAT_BODY, None, "type get_weather = "),
+    ({"input": "Hi", "instructions": "Be brief."}, None, "# Instructions\n\nBe brief."),
+    ({"messages": [{"role": "user", "content": "Hi"}]}, "--chat", "<|start|>system<|message|>"),
+    ({"input": "Hi"}, "--responses", "<|start|>user<|message|>Hi<|end|><|start|>assistant"),
+])
+def test_render_api_requests(body: dict[str, object], flag: str | None, needle: str,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["render", *([flag] if flag else [])], json.dumps(body), capsys)
+    assert code == 0 and needle in out
+
+
+def test_render_bad_request_names_the_param(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["render", "--chat"], json.dumps({"messages": [{"role": "wizard", "content": "x"}]}), capsys)
+    assert code == 2 and "messages[0].role" in err
+
+
+def test_version_and_module_entry() -> None:
+    for argv in (["-m", "harmonykit", "--version"],):
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.startswith("harmonykit ")

@@ -3,7 +3,10 @@
     harmonykit parse completion.txt            # JSON: messages, spans, skipped, repairs, stop, complete
     harmonykit parse --strict completion.txt   # exits 1 with the reference's error and token index
     harmonykit render conversation.json        # the prompt text, or --tokens for ids
+    harmonykit render request.json             # a Chat Completions or Responses body, as a server would
     harmonykit inspect completion.txt          # a coloured, human-readable view with repairs marked
+
+Input shapes are documented with examples in docs/cli.md.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from . import (
     ParseResult,
     RenderConversationConfig,
     Role,
+    __version__,
     load_harmony_encoding,
 )
 
@@ -45,6 +49,9 @@ def _read(path: str) -> str:
 
 def _tokens(enc: HarmonyEncoding, raw: str, as_ids: bool, path: str) -> list[int]:
     if not as_ids:
+        # The newline that editors and `echo` end a file with is not part of the completion.
+        if raw.endswith("\n"):
+            raw = raw[:-2] if raw.endswith("\r\n") else raw[:-1]
         return enc.encode(raw, allowed_special="all")
     try:
         ids = json.loads(raw)
@@ -79,13 +86,54 @@ def cmd_parse(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+_CHAT_KEYS = frozenset({"model", "tools", "tool_choice", "response_format", "reasoning_effort", "stream",
+                        "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "n"})
+
+
+def request_kind(body: Any) -> str:
+    """What a JSON body to render is: ``chat``, ``responses`` or ``conversation``.
+
+    >>> request_kind({"input": "Hi"}), request_kind({"messages": [{"role": "system", "content": "Hi"}]})
+    ('responses', 'chat')
+    >>> request_kind({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
+    'conversation'
+    """
+    if not isinstance(body, dict):
+        return "conversation"
+    if "input" in body and "messages" not in body:
+        return "responses"
+    if _CHAT_KEYS & body.keys():
+        return "chat"
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        if {"tool_calls", "tool_call_id", "reasoning_content"} & m.keys():
+            return "chat"
+        if m.get("role") in ("system", "developer") and not _harmony_content(m.get("content")):
+            return "chat"
+    return "conversation"
+
+
+def _harmony_content(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(c, dict) and c.get("type") in ("system_content", "developer_content") for c in content)
+
+
 def cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     enc = _encoding()
     raw = _read(args.file)
     try:
-        convo = Conversation.from_json(raw)
+        body = json.loads(raw)
     except json.JSONDecodeError as e:
         raise CLIError(f"{args.file}: not JSON ({e.msg} at line {e.lineno})") from None
+    kind = args.kind or request_kind(body)
+    if kind != "conversation":
+        tokens = _render_request(enc, body, kind, args.file)
+        out.write(json.dumps(tokens) if args.tokens else enc.decode_utf8(tokens))
+        out.write("\n")
+        return 0
+    try:
+        convo = Conversation.from_json(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise CLIError(f"{args.file}: not a conversation ({_first_line(e)}); expected "
                        '{"messages": [{"role": "user", "content": "..."}]}') from None
@@ -143,6 +191,17 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _render_request(enc: HarmonyEncoding, body: Any, kind: str, path: str) -> list[int]:
+    from .openai import RequestError, render_chat_request, render_responses_request
+
+    render = render_chat_request if kind == "chat" else render_responses_request
+    try:
+        return render(enc, body).tokens
+    except RequestError as e:
+        where = f" at {e.param}" if e.param else ""
+        raise CLIError(f"{path}: not a valid {kind} request{where}: {e.message}") from None
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -156,11 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="harmonykit",
         description="Render and parse OpenAI's Harmony format (gpt-oss).",
     )
+    parser.add_argument("--version", action="version", version=f"harmonykit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def completion_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", nargs="?", default="-",
-                       help="completion text with <|...|> special tokens (default: stdin)")
+                       help="completion text with <|...|> special tokens (default: stdin); one "
+                            "final newline, as editors and echo add, is not part of it")
         p.add_argument("--tokens", action="store_true", help="the input is a JSON list of token ids")
         p.add_argument("--role", type=_role, default=Role.ASSISTANT,
                        help="role already rendered before the completion (default: assistant; "
@@ -177,9 +238,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_parse)
 
-    p = sub.add_parser("render", help="render a conversation JSON to Harmony",
-                       description="Render a conversation (the Conversation.to_json shape).")
-    p.add_argument("file", nargs="?", default="-", help="conversation JSON (default: stdin)")
+    p = sub.add_parser("render", help="render a conversation or an API request to Harmony",
+                       description="Render a conversation (the Conversation.to_json shape), or a Chat "
+                                   "Completions or Responses request body as the gateway renders it "
+                                   "(tools, response format, reasoning effort). The shape is told by its "
+                                   "keys; --chat or --responses says it outright.")
+    p.add_argument("file", nargs="?", default="-", help="JSON (default: stdin)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--chat", dest="kind", action="store_const", const="chat",
+                      help="the input is a Chat Completions request body")
+    kind.add_argument("--responses", dest="kind", action="store_const", const="responses",
+                      help="the input is a Responses request body")
+    kind.add_argument("--conversation", dest="kind", action="store_const", const="conversation",
+                      help="the input is a Conversation (to_json shape)")
     p.add_argument("--tokens", action="store_true", help="print token ids instead of text")
     p.add_argument("--mode", choices=["completion", "conversation", "training"], default="completion",
                    help="completion (default): open the next turn; conversation: as is; "
