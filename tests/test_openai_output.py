@@ -163,6 +163,10 @@ def test_responses_stream_matches_output(case: tuple[list[int], hk.Role | None],
     final = events[-1]["response"]
     Response.model_validate(final)
     assert _strip_ids(final["output"]) == _strip_ids(items)
+    whole = completion_to_response(_ENC, tokens, request=TOOLS_REQUEST, finish_reason=finish)
+    Response.model_validate(whole)
+    assert _strip_ids(whole["output"]) == _strip_ids(final["output"]) and whole["usage"] == final["usage"]
+    assert (whole["status"] == "incomplete") == (finish == "length")
     # Deltas add up to each item's text.
     for index, item in enumerate(final["output"]):
         deltas = "".join(e["delta"] for e in events if e.get("output_index") == index and "delta" in e)

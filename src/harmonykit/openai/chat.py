@@ -49,24 +49,24 @@ def merge_deltas(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate Chat deltas into a message, as a client does."""
     content: list[str] = []
     reasoning: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, tuple[dict[str, Any], list[str], list[str]]] = {}  # call, name and argument pieces
     for d in deltas:
         if d.get("content"):
             content.append(d["content"])
         if d.get("reasoning_content"):
             reasoning.append(d["reasoning_content"])
         for tc in d.get("tool_calls") or []:
-            call = calls.setdefault(tc["index"], {"id": None, "type": "function",
-                                                  "function": {"name": "", "arguments": ""}})
+            call, name, arguments = calls.setdefault(tc["index"], ({"id": None, "type": "function"}, [], []))
             if tc.get("id"):
                 call["id"] = tc["id"]
             fn = tc.get("function") or {}
-            call["function"]["name"] += fn.get("name") or ""
-            call["function"]["arguments"] += fn.get("arguments") or ""
+            name.append(fn.get("name") or "")
+            arguments.append(fn.get("arguments") or "")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
                                "reasoning_content": "".join(reasoning) or None}
     if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        message["tool_calls"] = [{**call, "function": {"name": "".join(name), "arguments": "".join(arguments)}}
+                                 for call, name, arguments in (calls[i] for i in sorted(calls))]
     return message
 
 
