@@ -388,3 +388,15 @@ def test_stream_lifecycle(enc: hk.HarmonyEncoding) -> None:
         ResponsesStream(enc).feed([1, "a"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="encoding"):
         ChatCompletionStream(None)  # type: ignore[arg-type]
+
+
+def test_every_note_kind_is_documented() -> None:
+    import re
+    from pathlib import Path
+
+    from harmonykit.openai import NOTE_KINDS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "openai.md").read_text(encoding="utf-8")
+    assert set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M)) == set(NOTE_KINDS)
+    source = (Path(hk.__file__).parent / "openai" / "turn.py").read_text(encoding="utf-8")
+    assert set(re.findall(r'Note\(\s*"([a-z_]+)"', source)) <= set(NOTE_KINDS)
