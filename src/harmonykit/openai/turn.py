@@ -38,7 +38,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from ..encoding import HarmonyEncoding
 from ..model import Message, Role, StreamState
-from ..parse.header import Header
+from ..parse.header import Header, named_nothing
 from ..parse.stream import StreamableParser
 from ..tokens import STOP_TOKEN_SET, as_token_ids
 from .errors import StreamClosed
@@ -314,7 +314,7 @@ class Turn:
             return "call", name, None
         if r.startswith(_BUILTIN_PREFIXES) or r == "python" or ("." in r and not r.startswith(FUNCTIONS)):
             return "builtin", "", None
-        if r.startswith(FUNCTIONS):
+        if r.startswith(FUNCTIONS) and not named_nothing(r):
             bare = r[len(FUNCTIONS) :]
             if self.names:  # the client answers "unknown tool" and the model recovers
                 return "call", bare, Note("undeclared_tool", f"call to {r}, not declared by the request")

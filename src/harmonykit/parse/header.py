@@ -558,8 +558,9 @@ def resolve(
                 and not words[i + 1].text.startswith(CONSTRAIN_MARKER):
             value, end = value + words[i + 1].text, words[i + 1].end
             words[i + 1].used = True
-        if value == CONSTRAIN_MARKER:
-            rep("unknown_header_word", w.start, end, "<|constrain|> with no content type set aside")
+        if value == CONSTRAIN_MARKER or "<|" in value[len(CONSTRAIN_MARKER) :]:
+            what = "with no content type" if value == CONSTRAIN_MARKER else f"{value!r} holding markup"
+            rep("unknown_header_word", w.start, end, f"<|constrain|> {what} set aside")
             continue
         content_types.append((value, w.start, end))
     if with_body and not content_types:
