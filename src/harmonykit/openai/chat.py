@@ -65,8 +65,9 @@ def merge_deltas(deltas: Iterable[dict[str, Any]]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None,
                                "reasoning_content": "".join(reasoning) or None}
     if calls:
-        message["tool_calls"] = [{**call, "function": {"name": "".join(name), "arguments": "".join(arguments)}}
-                                 for call, name, arguments in (calls[i] for i in sorted(calls))]
+        message["tool_calls"] = [
+            {**call, "function": {"name": "".join(name), "arguments": "".join(arguments)}}
+            for call, name, arguments in (calls[i] for i in sorted(calls))]
     return message
 
 
