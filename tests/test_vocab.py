@@ -5,8 +5,11 @@ from __future__ import annotations
 import gzip
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import harmonykit as hk
 from harmonykit import vocab
@@ -95,3 +98,19 @@ def test_vocabulary_special_tokens(enc: hk.HarmonyEncoding) -> None:
     assert enc.is_special_token(200006) and not enc.is_special_token(24912)
     assert sorted(enc.stop_tokens()) == [200002, 200007, 200012]
     assert sorted(enc.stop_tokens_for_assistant_actions()) == [200002, 200012]
+
+
+_PIECES = ["<|start|>", "<|end|>", "<|reserved_200020|>", "<|constrain|>", "<|", "|>", "<|foo|>", "a", " b", "é",
+           "<|channel|>x", "<|start|", "\n", "😊"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=5)), max_size=12),
+       st.sampled_from(["all", frozenset({"<|start|>", "<|end|>"}), frozenset()]))
+def test_encode_with_special_tokens_is_tiktokens(pieces: list[str], allowed: Any) -> None:
+    """The special-token split is ours (for speed); the ids are exactly tiktoken's."""
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    text = "".join(pieces)
+    expected = enc._bpe.encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
+                               allowed_special=allowed, disallowed_special=())
+    assert enc.encode(text, allowed_special=allowed, disallowed_special=()) == expected
