@@ -6,6 +6,8 @@ from typing import Any
 
 import openai_harmony as oh
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import harmonykit as hk
 from harmonykit.openai import (
@@ -14,6 +16,7 @@ from harmonykit.openai import (
     render_chat_request,
     render_responses_request,
 )
+from test_parse_differential import _ENC
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT = {
@@ -258,3 +261,42 @@ def test_chat_shaped_tools_in_both_apis(enc: hk.HarmonyEncoding) -> None:
     responses = render_responses_request(enc, {"input": "x", "tools": CHAT["tools"]})
     assert "type get_weather = " in enc.decode_utf8(responses.tokens)
     assert "type f = " in enc.decode_utf8(chat.tokens)
+
+
+_names = st.sampled_from(["get_weather", "Get Weather", "lookup"])
+_chat_messages = st.lists(st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, st.text(max_size=20)),
+    st.builds(lambda t: {"role": "system", "content": t}, st.text(max_size=20)),
+    st.builds(lambda r, c: {"role": "assistant", "reasoning_content": r, "content": c},
+              st.text(max_size=10), st.text(min_size=1, max_size=10)),
+    st.builds(lambda n, a: {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": n, "arguments": a}}]}, _names, st.text(max_size=10)),
+), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_chat_messages, st.lists(_names, unique=True, max_size=2), st.sampled_from([None, "low", "high"]),
+       st.booleans())
+def test_cached_head_renders_like_the_whole_conversation(messages: list[dict[str, Any]], tools: list[str],
+                                                         effort: str | None, with_format: bool) -> None:
+    from harmonykit.openai.request import HEAD_CACHE
+
+    request: dict[str, Any] = {"messages": messages, "tools": [fn(n) for n in tools]}
+    if effort:
+        request["reasoning_effort"] = effort
+    if with_format:
+        request["response_format"] = {"type": "json_object"}
+    for _ in range(2):  # cold, then from the cache
+        prompt = render_chat_request(_ENC, request)
+        assert prompt.tokens == _ENC.render_conversation_for_completion(prompt.conversation, hk.Role.ASSISTANT)
+    HEAD_CACHE.clear()
+    assert render_chat_request(_ENC, request).tokens == prompt.tokens
+
+
+def test_cache_does_not_hide_errors(enc: hk.HarmonyEncoding) -> None:
+    good = {"messages": U, "tools": [fn("f")]}
+    render_chat_request(enc, good)
+    with pytest.raises(RequestError):
+        render_chat_request(enc, {**good, "tool_choice": {"type": "function", "function": {"name": "g"}}})
+    with pytest.raises(RequestError):
+        render_chat_request(enc, {"messages": U, "tools": [fn("f", {"type": "number", "default": float("nan")})]})
