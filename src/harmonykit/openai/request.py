@@ -244,7 +244,7 @@ class _HeadCache:
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._heads: OrderedDict[tuple[int, str], _Head] = OrderedDict()
+        self._heads: OrderedDict[tuple[int, bytes], _Head] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, encoding: HarmonyEncoding, parts: tuple[Any, ...], build: Callable[[], _Head]) -> _Head:
