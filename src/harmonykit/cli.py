@@ -5,6 +5,7 @@
     harmonykit render conversation.json        # the prompt text, or --tokens for ids
     harmonykit render request.json             # a Chat Completions or Responses body, as a server would
     harmonykit inspect completion.txt          # a coloured, human-readable view with repairs marked
+    harmonykit serve --upstream URL            # an OpenAI-compatible gateway in front of an engine
 
 Input shapes are documented with examples in docs/cli.md.
 """
@@ -202,6 +203,27 @@ def _render_request(enc: HarmonyEncoding, body: Any, kind: str, path: str) -> li
         raise CLIError(f"{path}: not a valid {kind} request{where}: {e.message}") from None
 
 
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        import uvicorn
+
+        from .server import Settings, create_app
+    except ImportError as e:
+        raise CLIError(f"harmonykit serve needs the server extra: pip install 'harmonykit[server]' "
+                       f"({e.name} is missing)") from None
+    try:
+        settings = Settings.from_sources(vars(args))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("harmonykit.server").setLevel(logging.INFO)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                loop="auto", http="auto", lifespan="on", timeout_graceful_shutdown=5)
+    return 0
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -267,6 +289,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour the output (default: when writing to a terminal)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible gateway in front of vLLM, SGLang or llama.cpp server",
+        description="Serve /v1/chat/completions and /v1/responses (streaming and not), /v1/models, /health "
+                    "and /metrics. Requests are rendered here and sent to the engines' /v1/completions as "
+                    "token ids; their output is parsed by the tolerant parser, so malformed model output is "
+                    "never an error. Every option can also be set by the environment variable named in "
+                    "brackets; a flag wins over the variable.")
+    env = "HARMONYKIT_"
+    p.add_argument("--upstream", action="append", metavar="URL",
+                   help=f"an engine's base URL, e.g. http://127.0.0.1:8001 (repeatable: load-balanced, "
+                        f"with health checks and failover) [{env}UPSTREAM, comma-separated]")
+    p.add_argument("--upstream-model", metavar="NAME",
+                   help=f"the model name to send upstream (default: the request's model, else the engine's "
+                        f"first) [{env}UPSTREAM_MODEL]")
+    p.add_argument("--host", help=f"address to listen on (default 127.0.0.1) [{env}HOST]")
+    p.add_argument("--port", type=int, help=f"port to listen on (default 8000) [{env}PORT]")
+    p.add_argument("--api-key", metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: none) [{env}API_KEY]")
+    p.add_argument("--upstream-timeout", type=float, metavar="SECONDS",
+                   help=f"give up on an engine silent this long: 504 (default 600) [{env}UPSTREAM_TIMEOUT]")
+    p.add_argument("--max-concurrency", type=int, metavar="N",
+                   help=f"requests served at once; more get 429 (default 512) [{env}MAX_CONCURRENCY]")
+    p.add_argument("--max-body-bytes", type=int, metavar="N",
+                   help=f"larger request bodies get 413 (default 16 MiB) [{env}MAX_BODY_BYTES]")
+    p.add_argument("--log-content", action="store_true",
+                   help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -7,7 +7,7 @@ Responses output items, at once or as a stream. Every repair is reported in the
 ``harmony`` extension field (docs/openai.md).
 """
 
-from .chat import ChatCompletionStream, completion_to_chat_choice, merge_deltas
+from .chat import ChatCompletionStream, completion_to_chat_choice, completion_to_chat_completion, merge_deltas
 from .errors import RequestError, StreamClosed
 from .names import ToolNames, identifier
 from .request import Prompt, render_chat_request, render_responses_request
@@ -25,6 +25,7 @@ __all__ = [
     "StreamClosed",
     "ToolNames",
     "completion_to_chat_choice",
+    "completion_to_chat_completion",
     "completion_to_response",
     "completion_to_response_output",
     "identifier",

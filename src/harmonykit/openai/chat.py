@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..encoding import HarmonyEncoding
 from .names import declared_names
 from .request import render_chat_request
-from .turn import Event, OutputStream, Turn
+from .turn import Event, OutputStream, Turn, new_id
 
 _FIELDS = {"reasoning": "reasoning_content", "content": "content"}
 
@@ -93,6 +93,11 @@ def completion_to_chat_choice(
     >>> c["message"]["content"], c["message"]["reasoning_content"], c["finish_reason"]
     ('4', 'Easy.', 'stop')
     """
+    return _choice(encoding, tokens, request, finish_reason, index)[0]
+
+
+def _choice(encoding: HarmonyEncoding, tokens: Iterable[int], request: dict[str, Any] | None,
+            finish_reason: str, index: int) -> tuple[dict[str, Any], Turn]:
     if not isinstance(encoding, HarmonyEncoding):
         raise TypeError(f"encoding must be a HarmonyEncoding, got {type(encoding).__name__}")
     turn = Turn(encoding, declared_names(request))
@@ -100,8 +105,51 @@ def completion_to_chat_choice(
     out = deltas.convert(turn.feed(tokens))
     events, reason = turn.close(finish_reason)
     out += deltas.convert(events)
-    return {"index": index, "message": {**merge_deltas(out), "refusal": None}, "finish_reason": reason,
-            "logprobs": None, "harmony": turn.extension()}
+    choice = {"index": index, "message": {**merge_deltas(out), "refusal": None}, "finish_reason": reason,
+              "logprobs": None, "harmony": turn.extension()}
+    return choice, turn
+
+
+def completion_to_chat_completion(
+    encoding: HarmonyEncoding,
+    outputs: Iterable[int] | Sequence[tuple[Sequence[int], str]],
+    *,
+    request: dict[str, Any] | None = None,
+    finish_reason: str = "stop",
+    id: str | None = None,
+    model: str | None = None,
+    created: int | None = None,
+    prompt_tokens: int | None = None,
+) -> dict[str, Any]:
+    """A whole ``chat.completion`` object: choices, usage (reasoning tokens counted).
+
+    ``outputs`` is one output's token ids, or ``(token ids, finish_reason)`` per choice
+    (``n`` > 1). ``prompt_tokens`` is rendered from ``request`` when not given.
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> toks = enc.encode("<|channel|>final<|message|>4<|return|>", allowed_special="all")
+    >>> c = completion_to_chat_completion(enc, toks, request={"messages": [{"role": "user", "content": ""}]})
+    >>> c["object"], c["choices"][0]["message"]["content"], c["usage"]["completion_tokens"]
+    ('chat.completion', '4', 5)
+    """
+    items: list[Any] = list(outputs)
+    runs: list[tuple[list[int], str]] = [(list(t), r) for t, r in items] \
+        if items and isinstance(items[0], tuple) else [(items, finish_reason)]
+    choices, completion, reasoning = [], 0, 0
+    for index, (tokens, reason) in enumerate(runs):
+        choice, turn = _choice(encoding, tokens, request, reason, index)
+        choices.append(choice)
+        completion += len(tokens)
+        reasoning += turn.reasoning_tokens
+    if prompt_tokens is None:
+        prompt_tokens = len(render_chat_request(encoding, request).tokens) if request else 0
+    return {"id": id or new_id("chatcmpl"), "object": "chat.completion",
+            "created": created if created is not None else int(time.time()),
+            "model": model or (request or {}).get("model") or "gpt-oss", "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                      "total_tokens": prompt_tokens + completion,
+                      "completion_tokens_details": {"reasoning_tokens": reasoning}}}
 
 
 class ChatCompletionStream(OutputStream):
@@ -142,6 +190,14 @@ class ChatCompletionStream(OutputStream):
             self.started = True
             chunks.append(self._chunk({"role": "assistant", "content": ""}))
         return chunks + [self._chunk(d) for d in self._deltas.convert(self.events(token_ids))]
+
+    def fail(self, message: str, code: str = "upstream_error") -> list[dict[str, Any]]:
+        """How the stream ends when the engine fails midway: a last chunk whose
+        ``finish_reason`` is ``"error"`` (never a success), then an ``{"error": ...}`` payload,
+        which the ``openai`` client raises as an ``APIError``. Nothing can follow."""
+        self.turn.abort()
+        return [self._chunk({}, "error"),
+                {"error": {"message": message, "type": "api_error", "param": None, "code": code}}]
 
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
         """The last chunks; closing again returns none (there is one finish chunk)."""

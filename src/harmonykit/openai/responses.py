@@ -211,6 +211,14 @@ class ResponsesStream(OutputStream):
             out.append(self._items.event("response.in_progress", response=self.response("in_progress", [])))
         return out + self._items.convert(self.events(token_ids))
 
+    def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
+        """How the stream ends when the engine fails midway: ``response.failed``, carrying
+        what was produced so far and the error. Nothing can follow."""
+        self.turn.abort()
+        response = self.response("failed", [_copy(i) for i in self._items.items])
+        response["error"] = {"code": code, "message": message}
+        return [self._items.event("response.failed", response=response)]
+
     def close(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
         if self.turn.closed:
             self.turn.close(finish_reason)  # still checks the value

@@ -261,6 +261,11 @@ class Turn:
         self.finish_reason = reason
         return self._take(), reason
 
+    def abort(self) -> None:
+        """The output ends in failure (the engine broke off): nothing more is fed or closed."""
+        if not self.closed:
+            self.closed, self.finish_reason = True, "error"
+
     def extension(self) -> dict[str, Any]:
         """The ``harmony`` extension field: every repair (in token order), and what was set aside."""
         out: dict[str, Any] = {"repairs": [r.to_dict() for r in self.parser.result().repairs]}

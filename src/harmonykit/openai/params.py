@@ -1,0 +1,118 @@
+"""A request's top-level fields: which are known, and the sampling parameters an engine gets.
+
+Pure: ``check_fields`` rejects what OpenAI would reject (unknown fields, wrong
+types, values out of range) with a ``RequestError`` naming the field;
+``sampling`` gives the fields of an OpenAI-compatible ``/v1/completions``
+request (vLLM, SGLang, llama.cpp server) that carry the client's sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import RequestError
+
+_COMMON = frozenset({
+    "model", "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "top_logprobs",
+    "prompt_cache_key", "safety_identifier", "seed",
+    # engine extensions that vLLM and SGLang understand, passed through
+    "top_k", "min_p", "repetition_penalty", "min_tokens",
+})
+CHAT_FIELDS = _COMMON | {
+    "messages", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "max_tokens",
+    "max_completion_tokens", "n", "response_format", "stop", "reasoning_effort", "modalities",
+    "prediction", "audio", "web_search_options", "verbosity", "functions", "function_call",
+}
+RESPONSES_FIELDS = _COMMON | {
+    "input", "instructions", "max_output_tokens", "text", "reasoning", "include", "truncation",
+    "background", "previous_response_id", "conversation", "prompt", "max_tool_calls",
+}
+# Known, but they need state or features a stateless gateway in front of an engine has not.
+_UNSUPPORTED = {
+    "previous_response_id": "needs stored responses; send the whole conversation in input",
+    "conversation": "needs stored conversations; send the whole conversation in input",
+    "background": "background responses are not supported",
+    "prompt": "stored prompt templates are not supported",
+    "functions": "the deprecated functions field is not supported; use tools",
+    "function_call": "the deprecated function_call field is not supported; use tool_choice",
+    "audio": "gpt-oss has no audio output",
+    "prediction": "predicted outputs are not supported",
+}
+
+_NUMBERS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0), "min_p": (0.0, 1.0), "repetition_penalty": (0.0, 100.0),
+}
+_INTS: dict[str, tuple[int, int]] = {
+    "max_tokens": (1, 2**31), "max_completion_tokens": (1, 2**31), "max_output_tokens": (1, 2**31),
+    "n": (1, 128), "top_k": (-1, 2**31), "min_tokens": (0, 2**31), "seed": (-(2**63), 2**64 - 1),
+    "top_logprobs": (0, 20),
+}
+_BOOLS = ("stream", "parallel_tool_calls", "store", "logprobs")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_fields(request: Any, kind: str) -> None:
+    """Reject unknown fields, wrong types and out-of-range values (``kind``: chat or responses).
+
+    >>> check_fields({"messages": [], "temperature": 3}, "chat")
+    Traceback (most recent call last):
+    harmonykit.openai.errors.RequestError: temperature: temperature must be a number from 0 to 2, got 3
+    """
+    if not isinstance(request, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    known = CHAT_FIELDS if kind == "chat" else RESPONSES_FIELDS
+    for key, value in request.items():
+        if key not in known:
+            raise RequestError(key, f"unrecognized request argument supplied: {key}")
+        if key in _UNSUPPORTED and value not in (None, False):
+            raise RequestError(key, f"{key} {_UNSUPPORTED[key]}")
+        if value is None:
+            continue
+        if key in _NUMBERS:
+            lo, hi = _NUMBERS[key]
+            if not _number(value) or not lo <= value <= hi:
+                raise RequestError(key, f"{key} must be a number from {lo:g} to {hi:g}, got {value!r}")
+        elif key in _INTS:
+            lo_i, hi_i = _INTS[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not lo_i <= value <= hi_i:
+                raise RequestError(key, f"{key} must be an integer from {lo_i} to {hi_i}, got {value!r}")
+        elif key in _BOOLS and not isinstance(value, bool):
+            raise RequestError(key, f"{key} must be true or false, got {value!r}")
+    if kind == "chat" and not isinstance(request.get("messages"), list):
+        raise RequestError("messages", "messages must be a non-empty list")
+    if kind == "responses" and not isinstance(request.get("input"), (str, list)):
+        raise RequestError("input", "input must be a string or a list of items")
+    for key in ("model", "user", "prompt_cache_key", "safety_identifier"):
+        if request.get(key) is not None and not isinstance(request[key], str):
+            raise RequestError(key, f"{key} must be a string")
+    opts = request.get("stream_options")
+    usage = opts.get("include_usage", False) if isinstance(opts, dict) else None
+    if opts is not None and not isinstance(usage, bool):
+        raise RequestError("stream_options",
+                           'stream_options must be an object such as {"include_usage": true}')
+    stop = request.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+            raise RequestError("stop", "stop must be a string or a list of at most 4 non-empty strings")
+    if (request.get("n") or 1) > 1 and request.get("stream"):
+        raise RequestError("n", "n > 1 is supported without streaming only")
+
+
+def sampling(request: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The ``/v1/completions`` fields that carry the request's sampling parameters."""
+    out: dict[str, Any] = {}
+    for key in ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "top_k", "min_p",
+                "repetition_penalty", "min_tokens", "stop", "n"):
+        if request.get(key) is not None:
+            out[key] = request[key]
+    limit = request.get("max_output_tokens") if kind == "responses" else \
+        request.get("max_completion_tokens", request.get("max_tokens"))
+    if limit is not None:
+        out["max_tokens"] = limit
+    return out

@@ -1,0 +1,387 @@
+"""The gateway: an ASGI app that renders requests itself, sends engines token ids, parses
+their output with the tolerant parser and answers as OpenAI would. Malformed model output
+is never an error; a broken engine is a 502 (504 when too slow), never a fake success.
+
+A plain ASGI callable: five routes need no framework, and the hot path (one SSE
+event per engine chunk) goes straight to ``send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from .. import HarmonyEncodingName, load_harmony_encoding
+from ..encoding import HarmonyEncoding
+from ..openai import (
+    ChatCompletionStream,
+    Prompt,
+    RequestError,
+    ResponsesStream,
+    completion_to_chat_completion,
+    completion_to_response,
+    render_chat_request,
+    render_responses_request,
+)
+from ..openai.params import check_fields, sampling
+from ..tokens import CALL, RETURN
+from .metrics import Metrics
+from .settings import Settings
+from .upstream import Piece, Upstream, UpstreamError, UpstreamRejected
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("harmonykit.server")
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
+                (b"x-accel-buffering", b"no")]
+_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                502: "api_error", 503: "api_error", 504: "api_error"}
+
+
+class HTTPError(Exception):
+    """An answer other than 200, OpenAI-shaped: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": _ERROR_TYPES.get(self.status, "api_error"),
+                          "param": self.param, "code": self.code}}
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One server-sent event (``data:`` JSON, or raw bytes such as ``[DONE]``)."""
+    payload = data if isinstance(data, bytes) else orjson.dumps(data)
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + payload + b"\n\n"
+
+
+class Gateway:
+    """The ASGI app. ``upstream`` may be injected (tests); by default it is built from settings."""
+
+    def __init__(self, settings: Settings, *, encoding: HarmonyEncoding | None = None,
+                 upstream: Upstream | None = None) -> None:
+        self.settings = settings
+        self.encoding = encoding or load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        self.upstream = upstream or Upstream(settings.upstream, timeout=settings.upstream_timeout,
+                                             health_interval=settings.health_interval)
+        self.metrics = Metrics()
+        self.active = 0
+        self._started = False
+        self._default_model: str | None = None
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send, dict[str, Any]],
+                                                        Awaitable[int]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/responses"): self._responses,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+        }
+
+    # -- ASGI ----------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        await self.start()
+        method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        route = self._routes.get((method, path))
+        info: dict[str, Any] = {"id": uuid.uuid4().hex[:16], "endpoint": path}
+        t0 = time.perf_counter()
+        try:
+            if route is None:
+                allowed = [m for m, p in self._routes if p == path]
+                raise HTTPError(405 if allowed else 404, f"{method} {path} is not served here" + (
+                    f"; use {', '.join(allowed)}" if allowed else ""), code="unknown_url")
+            status = await route(scope, receive, send, info)
+        except HTTPError as e:
+            status = e.status
+            info["error"] = e.message
+            await _json_response(send, e.status, e.body())
+        except Exception as e:  # a bug of ours: still an OpenAI-shaped answer, and a log line
+            log.exception("internal error on %s", path)
+            status = 500
+            info["error"] = f"internal error: {type(e).__name__}"
+            with contextlib.suppress(Exception):
+                await _json_response(send, 500, HTTPError(500, "internal error in harmonykit").body())
+        if path in ("/v1/chat/completions", "/v1/responses", "/v1/models"):
+            self.metrics.requests.labels(path, str(status)).inc()
+            info["status"] = status
+            info["ms"] = round((time.perf_counter() - t0) * 1000, 2)
+            log.info("%s", orjson.dumps(info).decode())
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.upstream.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.upstream.start()
+
+    # -- plain routes ----------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        self._authorize(scope)
+        try:
+            data = await self.upstream.models()
+        except (UpstreamError, UpstreamRejected) as e:
+            raise HTTPError(502, e.message, code="upstream_error") from None
+        await _json_response(send, 200, data)
+        return 200
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        engines = await self.upstream.check()
+        ok = any(e["healthy"] for e in engines)
+        status = 200 if ok else 503
+        await _json_response(send, status, {"status": "ok" if ok else "unavailable", "upstreams": engines,
+                                            "active_requests": self.active})
+        return status
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", self.metrics.content_type.encode())]})
+        await send({"type": "http.response.body", "body": self.metrics.render()})
+        return 200
+
+    # -- the API -----------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        return await self._api(scope, receive, send, info, "chat")
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        return await self._api(scope, receive, send, info, "responses")
+
+    async def _api(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any], kind: str) -> int:
+        self._authorize(scope)
+        if self.active >= self.settings.max_concurrency:
+            raise HTTPError(429, f"the gateway is serving its maximum of {self.settings.max_concurrency} "
+                                 "requests; retry shortly", code="concurrency_limit")
+        self.active += 1
+        try:
+            request = await self._read_json(scope, receive)
+            try:
+                check_fields(request, kind)
+                prompt = (render_chat_request if kind == "chat" else render_responses_request)(
+                    self.encoding, request)
+            except RequestError as e:
+                raise HTTPError(400, e.message, param=e.param) from None
+            model = await self._model(request)
+            body = {"model": model, "prompt": prompt.tokens, **sampling(request, kind),
+                    "stop_token_ids": [RETURN, CALL], "skip_special_tokens": False,
+                    "spaces_between_special_tokens": False, "return_token_ids": True, "return_tokens": True}
+            info["prompt_tokens"] = len(prompt.tokens)
+            self.metrics.tokens.labels("in").inc(len(prompt.tokens))
+            if self.settings.log_content:
+                info["request"] = request
+            if request.get("stream"):
+                return await self._stream(send, receive, request, prompt, body, kind, info)
+            return await self._whole(send, request, prompt, body, kind, info)
+        finally:
+            self.active -= 1
+
+    async def _whole(self, send: Send, request: dict[str, Any], prompt: Prompt, body: dict[str, Any],
+                     kind: str, info: dict[str, Any]) -> int:
+        t0 = time.perf_counter()
+        pieces, _ = await self._call(self.upstream.complete(body, self.encoding))
+        self._latency(info, t0)
+        client_model = request.get("model") or body["model"]
+        if kind == "chat":
+            out = completion_to_chat_completion(
+                self.encoding, [(p.ids, p.finish_reason or "stop") for p in pieces], request=request,
+                model=client_model, prompt_tokens=len(prompt.tokens))
+            harmony = [c["harmony"] for c in out["choices"]]
+        else:
+            p = pieces[0]
+            out = completion_to_response(self.encoding, p.ids, request=request, model=client_model,
+                                         finish_reason=p.finish_reason or "stop",
+                                         prompt_tokens=len(prompt.tokens))
+            harmony = [out["harmony"]]
+        completion = sum(len(p.ids) for p in pieces)
+        self._count(info, completion, harmony)
+        await _json_response(send, 200, out)
+        return 200
+
+    async def _stream(self, send: Send, receive: Receive, request: dict[str, Any], prompt: Prompt,
+                      body: dict[str, Any], kind: str, info: dict[str, Any]) -> int:
+        t0 = time.perf_counter()
+        # Opened before the response starts: an engine that is down is a 502, not a broken stream.
+        pieces = await self._call(self.upstream.stream(body, self.encoding))
+        self._latency(info, t0)
+        client_model = request.get("model") or body["model"]
+        out: ChatCompletionStream | ResponsesStream
+        if kind == "chat":
+            out = ChatCompletionStream(self.encoding, request=request, model=client_model,
+                                       prompt_tokens=len(prompt.tokens))
+        else:
+            out = ResponsesStream(self.encoding, request=request, model=client_model,
+                                  prompt_tokens=len(prompt.tokens))
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        self.metrics.streams_open.inc()
+        pump = asyncio.ensure_future(self._pump(send, pieces, out, kind, info))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if pump not in done:  # the client went away: stop generating upstream
+                info["error"] = "client disconnected"
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+                return 499
+            pump.result()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return 200
+        finally:
+            watch.cancel()
+            self.metrics.streams_open.dec()
+            with contextlib.suppress(Exception):
+                await pieces.aclose()
+
+    async def _pump(self, send: Send, pieces: AsyncIterator[Piece],
+                    out: ChatCompletionStream | ResponsesStream, kind: str, info: dict[str, Any]) -> None:
+        finish = "stop"
+        try:
+            async for piece in pieces:
+                if piece.ids:
+                    events = out.feed(piece.ids)
+                    if events:
+                        await send({"type": "http.response.body", "more_body": True,
+                                    "body": b"".join(_frame(e, kind) for e in events)})
+                if piece.finish_reason is not None:
+                    finish = piece.finish_reason
+        except UpstreamError as e:
+            info["error"] = e.message
+            tail = b"".join(_frame(ev, kind) for ev in out.fail(e.message))
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": tail + (sse(b"[DONE]") if kind == "chat" else b"")})
+            self._count(info, out.output_tokens, [out.turn.extension()])
+            return
+        events = out.close(finish)
+        tail = b"".join(_frame(e, kind) for e in events) + (sse(b"[DONE]") if kind == "chat" else b"")
+        await send({"type": "http.response.body", "more_body": True, "body": tail})
+        self._count(info, out.output_tokens, [out.turn.extension()])
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _authorize(self, scope: Scope) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        given = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            what = "Missing bearer token" if not given else "Incorrect API key provided"
+            raise HTTPError(401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    async def _read_json(self, scope: Scope, receive: Receive) -> Any:
+        limit = self.settings.max_body_bytes
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HTTPError(400, "the client went away before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the request body is larger than {limit} bytes",
+                                code="request_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as e:
+            raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+    async def _model(self, request: dict[str, Any]) -> str:
+        if self.settings.upstream_model:
+            return self.settings.upstream_model
+        if isinstance(request.get("model"), str) and request["model"]:
+            return str(request["model"])
+        if self._default_model is None:  # the engine's first model, asked once
+            try:
+                data = await self.upstream.models()
+                self._default_model = str(data["data"][0]["id"])
+            except (UpstreamError, UpstreamRejected, KeyError, IndexError, TypeError):
+                raise HTTPError(400, "no model given, and the engine lists none: set 'model' or "
+                                     "--upstream-model", param="model") from None
+        return self._default_model
+
+    async def _call(self, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except UpstreamError as e:
+            raise HTTPError(e.status, e.message, code=e.code) from None
+        except UpstreamRejected as e:
+            raise HTTPError(400, f"the engine rejected the request: {e.message}",
+                            code="upstream_rejected") from None
+
+    def _latency(self, info: dict[str, Any], t0: float) -> None:
+        seconds = time.perf_counter() - t0
+        info["upstream_ms"] = round(seconds * 1000, 2)
+        self.metrics.upstream_latency.observe(seconds)
+
+    def _count(self, info: dict[str, Any], completion: int, harmony: list[dict[str, Any]]) -> None:
+        info["completion_tokens"] = completion
+        self.metrics.tokens.labels("out").inc(completion)
+        kinds: dict[str, int] = {}
+        for h in harmony:
+            for r in h.get("repairs", []):
+                kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+            for n in h.get("notes", []):
+                self.metrics.notes.labels(n["kind"]).inc()
+        for kind, count in kinds.items():
+            self.metrics.repairs.labels(kind).inc(count)
+        if kinds:
+            info["repairs"] = kinds
+
+
+def _frame(event: dict[str, Any], kind: str) -> bytes:
+    return sse(event, event["type"]) if kind == "responses" else sse(event)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _json_response(send: Send, status: int, body: Any) -> None:
+    data = orjson.dumps(body)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def create_app(settings: Settings, *, upstream: Upstream | None = None) -> Gateway:
+    """The gateway for ``settings``; tests inject ``upstream``."""
+    return Gateway(settings, upstream=upstream)

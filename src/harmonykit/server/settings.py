@@ -1,0 +1,76 @@
+"""The gateway's settings: one frozen dataclass from flags, then ``HARMONYKIT_*`` variables,
+then defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "HARMONYKIT_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``harmonykit serve`` runs with; each field also from ``HARMONYKIT_<NAME>``.
+
+    >>> Settings.from_sources({"upstream": ["http://127.0.0.1:8001"]}, {"HARMONYKIT_PORT": "9000"}).port
+    9000
+    """
+
+    upstream: tuple[str, ...] = ()
+    upstream_model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    upstream_timeout: float = 600.0
+    max_concurrency: int = 512
+    max_body_bytes: int = 16 * 1024 * 1024
+    log_content: bool = False
+    health_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.upstream:
+            raise ValueError("no upstream engine: give --upstream URL (or HARMONYKIT_UPSTREAM), "
+                             "e.g. --upstream http://127.0.0.1:8001")
+        for url in self.upstream:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} is not an http(s) URL")
+        for name in ("port", "max_concurrency", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.upstream_timeout <= 0:
+            raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
+
+    @classmethod
+    def from_sources(cls, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+        """Flags that were given win over ``HARMONYKIT_*`` variables, which win over defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            given = flags.get(f.name)
+            if given is not None and given != [] and given is not False:
+                values[f.name] = given
+                continue
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, raw)
+        if "upstream" in values:
+            values["upstream"] = tuple(u.rstrip("/") for u in values["upstream"])
+        return cls(**values)
+
+
+def _parse(name: str, raw: str) -> Any:
+    kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
+             "health_interval": float}
+    if name == "upstream":
+        return [u.strip() for u in raw.split(",") if u.strip()]
+    if name == "log_content":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if name in kinds:
+        try:
+            return kinds[name](raw)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
+    return raw

@@ -1,0 +1,207 @@
+"""A scripted engine that speaks OpenAI-compatible ``/v1/completions`` the way vLLM does, and
+servers to run it (and the gateway) for real: uvicorn on 127.0.0.1, a free port, a thread.
+
+The script is chosen by the last user message of the prompt it receives:
+``case:ID`` replays a wild case; ``load:N`` answers ``answer N`` token by token;
+``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
+``reject``). Like vLLM it leaves the stop token out of the output and names it in
+``stop_reason``; with ``token_ids`` off it is text-only (as llama.cpp without
+``return_tokens``), and streams split text inside special tokens and SSE
+frames mid-JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+import harmonykit as hk
+from conftest import CASES
+
+ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+WILD = {c["id"]: c for c in (json.loads(line) for line in CASES.read_text(encoding="utf-8").splitlines()
+                              if line.strip())}
+STOPS = {200002, 200012}
+_USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
+
+
+class Engine:
+    """The ASGI app of the scripted engine; counts what it served and what was cancelled."""
+
+    def __init__(self, *, token_ids: bool = True, seed: int = 0) -> None:
+        self.token_ids = token_ids
+        self.rng = random.Random(seed)
+        self.requests: list[dict[str, Any]] = []
+        self.cancelled = 0
+        self.active = 0
+        self.delay = 0.0  # seconds between streamed chunks
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/models":
+            await _json(send, 200, {"object": "list", "data": [{"id": "gpt-oss-20b", "object": "model",
+                                                               "owned_by": "test"}]})
+            return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        req = json.loads(body)
+        self.requests.append(req)
+        prompt = ENC.decode(req["prompt"])
+        users = _USER.findall(prompt)
+        script = users[-1] if users else ""
+        self.active += 1
+        try:
+            await self._serve(script, req, receive, send)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _serve(self, script: str, req: dict[str, Any], receive: Any, send: Any) -> None:
+        kind, _, arg = script.partition(":")
+        if kind == "fault":
+            if arg == "500":
+                await _json(send, 500, {"error": {"message": "CUDA out of memory"}})
+                return
+            if arg == "nonjson":
+                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+                await send({"type": "http.response.body", "body": b"<html>gateway error</html>"})
+                return
+            if arg == "reject":
+                await _json(send, 400, {"error": {"message": "This model's maximum context length is 8 tokens"}})
+                return
+            if arg == "slow":
+                await asyncio.sleep(8)
+            text, finish = "<|channel|>final<|message|>partial answer that never", "stop"
+        elif kind == "case":
+            case = WILD[arg]
+            text, finish = case["text"], case["engine_finish_reason"]
+        elif kind == "load":
+            text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
+                           f"<|channel|>final<|message|>answer {arg}<|return|>", "stop"
+        else:
+            text, finish = "<|channel|>final<|message|>Hello!<|return|>", "stop"
+        ids = ENC.encode(text, allowed_special="all")
+        stop_reason = None
+        if finish == "stop" and ids and ids[-1] in STOPS:  # vLLM leaves the stop token out
+            stop_reason = ids.pop()
+        limit = req.get("max_tokens")
+        if isinstance(limit, int) and len(ids) > limit:
+            ids, finish, stop_reason = ids[:limit], "length", None
+        if not req.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "text": ENC.decode(ids), "finish_reason": finish,
+                                      "stop_reason": stop_reason, "logprobs": None}
+            if self.token_ids and req.get("return_token_ids"):
+                choice["token_ids"] = ids
+            await _json(send, 200, {"id": "cmpl-1", "object": "text_completion", "created": int(time.time()),
+                                    "model": req["model"], "choices": [choice],
+                                    "usage": {"prompt_tokens": len(req["prompt"]), "completion_tokens": len(ids),
+                                              "total_tokens": len(req["prompt"]) + len(ids)}})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        chunks = self._chunks(ids)
+        for i, piece in enumerate(chunks):
+            if kind == "fault" and arg == "midway" and i == len(chunks) // 2:
+                raise ConnectionResetError  # uvicorn drops the connection
+            if kind == "fault" and arg in ("silent", "hang") and i == 1:
+                if arg == "silent":
+                    await asyncio.sleep(8)
+                else:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    raise asyncio.CancelledError
+            last = i == len(chunks) - 1
+            choice = {"index": 0, "text": piece[0], "logprobs": None,
+                      "finish_reason": finish if last else None, "stop_reason": stop_reason if last else None}
+            if self.token_ids and req.get("return_token_ids"):
+                choice["token_ids"] = piece[1]
+            frame = b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": req["model"],
+                                            "choices": [choice]}).encode() + b"\n\n"
+            cut = self.rng.randrange(1, len(frame))  # SSE frames split anywhere
+            for part in (frame[:cut], frame[cut:]):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            else:
+                await asyncio.sleep(0)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    def _chunks(self, ids: list[int]) -> list[tuple[str, list[int]]]:
+        """The output in pieces: by token groups with ids; text-only, cut at any character."""
+        if not ids:
+            return [("", [])]
+        if self.token_ids:
+            out, i = [], 0
+            while i < len(ids):
+                n = self.rng.randint(1, 3)
+                out.append((ENC.decode(ids[i : i + n]), ids[i : i + n]))
+                i += n
+            return out
+        text = ENC.decode(ids)
+        cuts = sorted({self.rng.randrange(1, len(text) + 1) for _ in range(max(1, len(text) // 4))} | {len(text)})
+        pieces, prev = [], 0
+        for c in cuts:
+            pieces.append((text[prev:c], []))
+            prev = c
+        return pieces
+
+
+async def _json(send: Any, status: int, body: Any) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextmanager
+def serving(app: Any, **config: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL.
+    Stopped on exit, also when the test fails."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="auto", timeout_graceful_shutdown=1,
+                                           **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,365 @@
+"""The gateway for real: uvicorn on 127.0.0.1, the real ``openai`` client (sync and async,
+streaming and not, Chat and Responses), a real scripted engine behind it (tests/engine.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+import harmonykit as hk
+from engine import WILD, Engine, dead_url, free_socket, serving
+from harmonykit.openai import completion_to_chat_choice, completion_to_response
+from harmonykit.server import Settings, create_app
+
+MODEL = "gpt-oss-20b"
+
+
+@pytest.fixture(scope="module", params=["token_ids", "text_only"])
+def engine(request: pytest.FixtureRequest) -> Iterator[tuple[Engine, str]]:
+    eng = Engine(token_ids=request.param == "token_ids", seed=1)
+    with serving(eng) as url:
+        yield eng, url
+
+
+@pytest.fixture(scope="module")
+def gateway(engine: tuple[Engine, str]) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(engine[1],), upstream_timeout=3))) as url:
+        yield url
+
+
+def client(base: str, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, timeout=20, **kw)
+
+
+def aclient(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+def _chat(case_id: str) -> dict[str, Any]:
+    case = WILD[case_id]
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"case:{case_id}"}],
+            **({"tools": case["request"]["tools"]} if case.get("request", {}).get("tools") else {})}
+
+
+def _shape(message: dict[str, Any]) -> tuple[Any, ...]:
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    return ((message.get("content") or "").strip(), (message.get("reasoning_content") or "").strip(), calls)
+
+
+@pytest.mark.parametrize("case_id", sorted(WILD))
+def test_wild_cases_through_the_gateway(gateway: str, engine: tuple[Engine, str], case_id: str) -> None:
+    """Every wild case answers 200 with what the mapping gives for the engine's output."""
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    case = WILD[case_id]
+    body = _chat(case_id)
+    expected = completion_to_chat_choice(enc, enc.encode(case["text"], allowed_special="all"), request=body,
+                                         finish_reason=case["engine_finish_reason"])
+    c = client(gateway)
+    got = c.chat.completions.create(**body).model_dump()
+    choice = got["choices"][0]
+    message = {**choice["message"], "reasoning_content": choice["message"].get("reasoning_content")}
+    assert _shape(message) == _shape(expected["message"])
+    assert choice["finish_reason"] == expected["finish_reason"]
+    # streamed: the same, whatever the chunking
+    content, reasoning, calls = [], [], {}
+    finish = None
+    for chunk in c.chat.completions.create(**body, stream=True):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta.model_dump()
+        content.append(d.get("content") or "")
+        reasoning.append(d.get("reasoning_content") or "")
+        for tc in d.get("tool_calls") or []:
+            entry = calls.setdefault(tc["index"], ["", ""])
+            entry[0] += (tc.get("function") or {}).get("name") or ""
+            entry[1] += (tc.get("function") or {}).get("arguments") or ""
+        finish = chunk.choices[0].finish_reason or finish
+    streamed = ("".join(content).strip(), "".join(reasoning).strip(), [tuple(v) for _, v in sorted(calls.items())])
+    assert streamed == _shape(expected["message"]) and finish == expected["finish_reason"]
+    assert "<|" not in json.dumps(_shape(message))  # the harmony field's details may name tokens
+
+
+def test_responses_sync_and_async(gateway: str) -> None:
+    c = client(gateway)
+    r = c.responses.create(model=MODEL, input="load:3")
+    assert r.output_text == "answer 3" and r.status == "completed"
+    assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens > 0
+    with c.responses.stream(model=MODEL, input="load:4") as stream:
+        types = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == "answer 4" and types[-1] == "response.completed"
+
+    async def go() -> None:
+        a = aclient(gateway)
+        r = await a.responses.create(model=MODEL, input="load:5")
+        assert r.output_text == "answer 5"
+        chat = await a.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:6"}])
+        assert chat.choices[0].message.content == "answer 6"
+        stream = await a.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:7"}],
+                                                 stream=True, stream_options={"include_usage": True})
+        parts, usage = [], None
+        async for chunk in stream:
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+            usage = chunk.usage or usage
+        assert "".join(parts) == "answer 7" and usage is not None and usage.completion_tokens > 0
+        await a.close()
+
+    asyncio.run(go())
+
+
+def test_tool_call_round_trip(gateway: str) -> None:
+    c = client(gateway)
+    body = _chat("wild-010")
+    r = c.chat.completions.create(**body)
+    call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "exec" and r.choices[0].finish_reason == "tool_calls"
+    follow = c.chat.completions.create(**{**body, "messages": [
+        *body["messages"], r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "file.txt"},
+        {"role": "user", "content": "load:1"}]})
+    assert follow.choices[0].message.content == "answer 1"
+
+
+def test_sampling_parameters_reach_the_engine(gateway: str, engine: tuple[Engine, str]) -> None:
+    eng, _ = engine
+    client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:2"}],
+                                            temperature=0.3, top_p=0.9, seed=7, max_completion_tokens=50,
+                                            stop=["zzz"], extra_body={"top_k": 20})
+    sent = eng.requests[-1]
+    assert (sent["temperature"], sent["top_p"], sent["seed"], sent["max_tokens"], sent["stop"], sent["top_k"]) \
+        == (0.3, 0.9, 7, 50, ["zzz"], 20)
+    assert sent["stop_token_ids"] == [200002, 200012] and sent["skip_special_tokens"] is False
+    assert all(isinstance(t, int) for t in sent["prompt"]) and sent["model"] == MODEL
+
+
+def test_max_tokens_cuts_off(gateway: str) -> None:
+    r = client(gateway).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:9"}],
+                                                max_tokens=5)
+    assert r.choices[0].finish_reason == "length"
+    resp = client(gateway).responses.create(model=MODEL, input="load:9", max_output_tokens=5)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+
+
+def test_load_200_concurrent_streams(gateway: str) -> None:
+    """200 streams at once: each completes with its own content, none lost or mixed up."""
+    async def one(a: openai.AsyncOpenAI, i: int) -> str:
+        stream = await a.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"load:{i}"}],
+                                                 stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def go() -> list[str]:
+        a = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0, timeout=60)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(a, i) for i in range(200))), 90)
+        finally:
+            await a.close()
+
+    t = time.monotonic()
+    results = asyncio.run(go())
+    assert results == [f"answer {i}" for i in range(200)]
+    assert time.monotonic() - t < 90
+
+
+def _raw(base: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+         method: str | None = None) -> tuple[int, dict[str, Any] | str]:
+    req = urllib.request.Request(base + path, data=body, method=method or ("POST" if body is not None else "GET"),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"messages": "hi"}).encode(), 400, "messages"),
+    (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), 400, "temperature"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}).encode(), 400, "frobnicate"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}],
+                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "blob"}}}]}).encode(),
+     400, "tools[0].function.parameters.type"),
+])
+def test_bad_input_is_a_400_naming_the_param(gateway: str, body: bytes, status: int, param: str | None) -> None:
+    code, out = _raw(gateway, "/v1/chat/completions", body)
+    assert code == status and isinstance(out, dict)
+    assert out["error"]["type"] == "invalid_request_error" and out["error"]["param"] == param
+    code, out = _raw(gateway, "/v1/responses", json.dumps({"input": "x", "previous_response_id": "r"}).encode())
+    assert code == 400 and out["error"]["param"] == "previous_response_id"  # type: ignore[index]
+
+
+def test_routes(gateway: str) -> None:
+    assert _raw(gateway, "/v1/nothing")[0] == 404
+    assert _raw(gateway, "/v1/chat/completions", method="GET")[0] == 405
+    code, models = _raw(gateway, "/v1/models")
+    assert code == 200 and models["data"][0]["id"] == MODEL  # type: ignore[index]
+    assert [m.id for m in client(gateway).models.list()] == [MODEL]
+    code, health = _raw(gateway, "/health")
+    assert code == 200 and health["upstreams"][0]["healthy"] is True  # type: ignore[index]
+    code, metrics = _raw(gateway, "/metrics")
+    assert code == 200 and isinstance(metrics, str)
+    assert 'harmonykit_requests_total{endpoint="/v1/chat/completions",status="200"}' in metrics
+    assert "harmonykit_repairs_total" in metrics and "harmonykit_upstream_latency_seconds_bucket" in metrics
+    assert 'harmonykit_tokens_total{direction="out"}' in metrics and "harmonykit_streams_open" in metrics
+
+
+def test_api_key_body_limit_and_concurrency() -> None:
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), api_key="sekrit", max_body_bytes=2000,
+                                                         max_concurrency=1))) as gw:
+        with pytest.raises(openai.AuthenticationError):
+            client(gw, api_key="wrong").chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        code, out = _raw(gw, "/v1/chat/completions", b"{}")
+        assert code == 401 and out["error"]["code"] == "invalid_api_key"  # type: ignore[index]
+        good = client(gw, api_key="sekrit")
+        assert good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:1"}]) \
+            .choices[0].message.content == "answer 1"
+        with pytest.raises(openai.APIStatusError) as info:
+            good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 5000}])
+        assert info.value.status_code == 413
+        # one request in flight (a slow stream) fills the gateway: the next gets 429
+        eng.delay = 0.05
+        stream = good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:2"}],
+                                              stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError):
+            good.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:3"}])
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "answer 2"
+
+
+def test_upstream_faults() -> None:
+    """Each fault gives its documented status or stream ending, and the gateway keeps serving."""
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), upstream_timeout=1.0))) as gw:
+        c = client(gw)
+
+        def ask(script: str, **kw: Any) -> Any:
+            return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": script}], **kw)
+
+        for script, status in (("fault:500", 502), ("fault:nonjson", 502), ("fault:slow", 504),
+                               ("fault:reject", 400)):
+            with pytest.raises(openai.APIStatusError) as info:
+                ask(script)
+            assert info.value.status_code == status, script
+        # mid-stream: the engine breaks off, or goes silent past the timeout: an error, never a success
+        for script in ("fault:midway", "fault:silent"):
+            stream = ask(script, stream=True)
+            reasons = []
+            with pytest.raises(openai.APIError):
+                for chunk in stream:
+                    reasons += [ch.finish_reason for ch in chunk.choices if ch.finish_reason]
+            assert reasons == ["error"], script
+        with c.responses.stream(model=MODEL, input="fault:midway") as rs:
+            types = [e.type for e in rs]
+        assert types[-1] == "response.failed"
+        assert ask("load:5").choices[0].message.content == "answer 5"
+    # the engine is down
+    with serving(create_app(Settings(upstream=(dead_url(),)))) as gw:
+        with pytest.raises(openai.APIStatusError) as info:
+            client(gw).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        assert info.value.status_code == 502
+        assert _raw(gw, "/health")[0] == 503
+        assert _raw(gw, "/v1/models")[0] == 502
+
+
+def test_failover_between_upstreams() -> None:
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(dead_url(), up)))) as gw:
+        c = client(gw)
+        answers = [c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"load:{i}"}])
+                   .choices[0].message.content for i in range(4)]
+        assert answers == [f"answer {i}" for i in range(4)]
+        code, health = _raw(gw, "/health")
+        assert code == 200 and [u["healthy"] for u in health["upstreams"]] == [False, True]  # type: ignore[index]
+
+
+def test_client_disconnect_cancels_the_upstream_request() -> None:
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,)))) as gw:
+        c = client(gw)
+        stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "fault:hang"}],
+                                           stream=True)
+        next(iter(stream))
+        stream.close()  # the client goes away mid-stream
+        deadline = time.monotonic() + 10
+        while eng.cancelled < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert eng.cancelled == 1 and eng.active == 0
+        assert c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:1"}]) \
+            .choices[0].message.content == "answer 1"
+
+
+def test_matches_the_mapping_exactly(gateway: str, engine: tuple[Engine, str]) -> None:
+    """A Responses answer is the mapping's result for the engine's tokens (ids aside)."""
+    eng, _ = engine
+    if not eng.token_ids:
+        pytest.skip("text-only engines re-encode: token counts may differ")
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    case = WILD["wild-002"]
+    got = client(gateway).responses.create(model=MODEL, input="case:wild-002").model_dump(exclude_none=True)
+    want = completion_to_response(enc, enc.encode(case["text"], allowed_special="all"))
+    strip = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]  # noqa: E731
+    assert strip(got["output"]) == [{k: v for k, v in i.items() if v is not None}
+                                    for i in strip(want["output"])]
+
+
+def test_serve_command_smoke(tmp_path: Any) -> None:
+    """``harmonykit serve`` as a user runs it: flags and environment, a real request, a clean stop."""
+    eng = Engine()
+    with serving(eng) as up:
+        sock = free_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        env = {**os.environ, "HARMONYKIT_UPSTREAM": up, "HARMONYKIT_API_KEY": "k"}
+        proc = subprocess.Popen([sys.executable, "-m", "harmonykit", "serve", "--host", "127.0.0.1",
+                                 "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if _raw(base, "/health")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.1)
+            r = client(base, api_key="k").chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "load:11"}])
+            assert r.choices[0].message.content == "answer 11"
+        finally:
+            proc.terminate()
+            try:
+                _, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+        log = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+        assert any(entry["endpoint"] == "/v1/chat/completions" and entry["status"] == 200 for entry in log)
+        assert all("request" not in entry for entry in log)  # no content without --log-content
+
+
+def test_serve_without_upstream_says_how_to_fix_it() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARMONYKIT_")}
+    proc = subprocess.run([sys.executable, "-m", "harmonykit", "serve"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "--upstream" in proc.stderr
