@@ -38,8 +38,11 @@ _USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
 class Engine:
     """The ASGI app of the scripted engine; counts what it served and what was cancelled."""
 
-    def __init__(self, *, token_ids: bool = True, seed: int = 0) -> None:
+    def __init__(self, *, token_ids: bool = True, seed: int = 0, chunk: int | None = None,
+                 split_frames: bool = True) -> None:
         self.token_ids = token_ids
+        self.chunk = chunk  # tokens per streamed chunk (None: 1 to 3 at random)
+        self.split_frames = split_frames
         self.rng = random.Random(seed)
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
@@ -92,6 +95,9 @@ class Engine:
         elif kind == "case":
             case = WILD[arg]
             text, finish = case["text"], case["engine_finish_reason"]
+        elif kind == "long":
+            text, finish = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final" \
+                           "<|message|>" + " word" * int(arg) + "<|return|>", "stop"
         elif kind == "load":
             text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
                            f"<|channel|>final<|message|>answer {arg}<|return|>", "stop"
@@ -134,9 +140,10 @@ class Engine:
                 choice["token_ids"] = piece[1]
             frame = b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": req["model"],
                                             "choices": [choice]}).encode() + b"\n\n"
-            cut = self.rng.randrange(1, len(frame))  # SSE frames split anywhere
-            for part in (frame[:cut], frame[cut:]):
-                await send({"type": "http.response.body", "body": part, "more_body": True})
+            cut = self.rng.randrange(1, len(frame)) if self.split_frames else len(frame)
+            for part in (frame[:cut], frame[cut:]):  # SSE frames split anywhere
+                if part:
+                    await send({"type": "http.response.body", "body": part, "more_body": True})
             if self.delay:
                 await asyncio.sleep(self.delay)
             else:
@@ -150,7 +157,7 @@ class Engine:
         if self.token_ids:
             out, i = [], 0
             while i < len(ids):
-                n = self.rng.randint(1, 3)
+                n = self.chunk or self.rng.randint(1, 3)
                 out.append((ENC.decode(ids[i : i + n]), ids[i : i + n]))
                 i += n
             return out

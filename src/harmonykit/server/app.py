@@ -14,7 +14,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -231,7 +231,7 @@ class Gateway:
                       body: dict[str, Any], kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
-        pieces = await self._call(self.upstream.stream(body, self.encoding))
+        batches = await self._call(self.upstream.stream(body, self.encoding))
         self._latency(info, t0)
         client_model = request.get("model") or body["model"]
         out: ChatCompletionStream | ResponsesStream
@@ -242,8 +242,11 @@ class Gateway:
             out = ResponsesStream(self.encoding, request=request, model=client_model,
                                   prompt_tokens=len(prompt.tokens))
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        # The opening events (Chat's role chunk, response.created) go out at once, as OpenAI's do.
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": b"".join([_frame(e, kind) for e in out.feed([])])})
         self.metrics.streams_open.inc()
-        pump = asyncio.ensure_future(self._pump(send, pieces, out, kind, info))
+        pump = asyncio.ensure_future(self._pump(send, batches, out, kind, info))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -260,20 +263,22 @@ class Gateway:
             watch.cancel()
             self.metrics.streams_open.dec()
             with contextlib.suppress(Exception):
-                await pieces.aclose()
+                await batches.aclose()
 
-    async def _pump(self, send: Send, pieces: AsyncIterator[Piece],
+    async def _pump(self, send: Send, batches: AsyncGenerator[list[Piece], None],
                     out: ChatCompletionStream | ResponsesStream, kind: str, info: dict[str, Any]) -> None:
         finish = "stop"
         try:
-            async for piece in pieces:
-                if piece.ids:
-                    events = out.feed(piece.ids)
-                    if events:
-                        await send({"type": "http.response.body", "more_body": True,
-                                    "body": b"".join(_frame(e, kind) for e in events)})
-                if piece.finish_reason is not None:
-                    finish = piece.finish_reason
+            async for batch in batches:  # what one network read brought: one write out
+                ids: list[int] = []
+                for piece in batch:
+                    ids += piece.ids
+                    if piece.finish_reason is not None:
+                        finish = piece.finish_reason
+                events = out.feed(ids) if ids else []
+                if events:
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": b"".join([_frame(e, kind) for e in events])})
         except UpstreamError as e:
             info["error"] = e.message
             tail = b"".join(_frame(ev, kind) for ev in out.fail(e.message))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,45 +217,65 @@ class Upstream:
                                 usage.get("completion_tokens") if len(choices) == 1 else None))
         return pieces, data
 
-    async def stream(self, body: dict[str, Any], encoding: HarmonyEncoding) -> AsyncIterator[Piece]:
-        """The completion as it is generated (opened before the first ``Piece`` is asked for:
-        call ``open_stream`` to fail early)."""
+    async def stream(self, body: dict[str, Any],
+                     encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
+        """The completion as it is generated, in batches: the pieces of the events one network
+        read brought. Awaiting this opens the request, so a failing engine fails here."""
         resp, engine = await self._open("/v1/completions", {**body, "stream": True})
-        return self._events(resp, engine, encoding)
+        return self._batches(resp, engine, encoding)
 
-    async def _events(self, resp: aiohttp.ClientResponse, engine: Engine,
-                      encoding: HarmonyEncoding) -> AsyncIterator[Piece]:
+    async def _batches(self, resp: aiohttp.ClientResponse, engine: Engine,
+                       encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
         text_ids = TextIds(encoding)
         finished = False
         try:
-            async for data in _sse(resp, engine, self.timeout):
-                if data == b"[DONE]":
+            async for events in _sse(resp, engine, self.timeout):
+                batch: list[Piece] = []
+                done = False
+                for data in events:
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    finished = self._event(data, engine, text_ids, batch) or finished
+                if batch:
+                    yield batch
+                if done:
                     finished = True
                     break
-                event = _json(data, engine)
-                if isinstance(event, dict) and isinstance(event.get("error"), dict | str):
-                    err = event["error"]
-                    msg = err.get("message") if isinstance(err, dict) else err
-                    raise UpstreamError(502, f"the engine reported an error mid-stream: {msg}")
-                choices = event.get("choices") if isinstance(event, dict) else None
-                usage = event.get("usage") if isinstance(event, dict) else None
-                for choice in choices if isinstance(choices, list) else []:
-                    if not isinstance(choice, dict):
-                        continue
-                    ids = _choice_ids(choice)
-                    reason = _finish(choice)
-                    if ids is None:
-                        text = choice.get("text")
-                        ids = text_ids.feed(text if isinstance(text, str) else "", final=reason is not None)
-                    yield Piece(_stop_token(choice, ids) if reason else ids, reason)
-                    if reason is not None:
-                        finished = True
-                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                    yield Piece([], None, usage["completion_tokens"])
             if not finished:
                 raise UpstreamError(502, f"the engine at {engine.url} closed the stream before it finished")
         finally:
-            resp.close()
+            # Read to its end, the connection goes back to the pool; cut short (the client left,
+            # an error), it is closed, which tells the engine to stop generating.
+            if finished and resp.content.at_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    @staticmethod
+    def _event(data: bytes, engine: Engine, text_ids: TextIds, batch: list[Piece]) -> bool:
+        """One event's pieces into ``batch``; True when it finished the output."""
+        finished = False
+        event = _json(data, engine)
+        if isinstance(event, dict) and isinstance(event.get("error"), dict | str):
+            err = event["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            raise UpstreamError(502, f"the engine reported an error mid-stream: {msg}")
+        choices = event.get("choices") if isinstance(event, dict) else None
+        usage = event.get("usage") if isinstance(event, dict) else None
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            ids = _choice_ids(choice)
+            reason = _finish(choice)
+            if ids is None:
+                text = choice.get("text")
+                ids = text_ids.feed(text if isinstance(text, str) else "", final=reason is not None)
+            batch.append(Piece(_stop_token(choice, ids) if reason else ids, reason))
+            finished = finished or reason is not None
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            batch.append(Piece([], None, usage["completion_tokens"]))
+        return finished
 
     async def _read(self, resp: aiohttp.ClientResponse, engine: Engine) -> bytes:
         try:
@@ -295,27 +315,31 @@ def _json(data: bytes, engine: Engine) -> Any:
                                  f"{data[:100]!r}") from None
 
 
-async def _sse(resp: aiohttp.ClientResponse, engine: Engine, timeout: float) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of a server-sent event stream (events split anywhere)."""
+async def _sse(resp: aiohttp.ClientResponse, engine: Engine, timeout: float) -> AsyncIterator[list[bytes]]:
+    """The ``data:`` payloads of a server-sent event stream (events split anywhere), as lists:
+    the events each network read completed."""
     buf = b""
     data: list[bytes] = []
     try:
         async for chunk in resp.content.iter_any():
             buf += chunk
             pos = 0
+            events: list[bytes] = []
             while (nl := buf.find(b"\n", pos)) != -1:
                 line, pos = buf[pos:nl].rstrip(b"\r"), nl + 1
                 if not line:
                     if data:
-                        yield b"\n".join(data)
+                        events.append(b"\n".join(data))
                         data = []
                 elif line.startswith(b"data:"):
                     data.append(line[5:].lstrip(b" "))
             buf = buf[pos:]
+            if events:
+                yield events
     except asyncio.TimeoutError as e:
         raise UpstreamError(504, f"the engine at {engine.url} went silent for {timeout:g} s",
                             "upstream_timeout") from e
     except (aiohttp.ClientError, OSError) as e:
         raise UpstreamError(502, f"the engine at {engine.url} broke off the stream: {e}") from e
     if data:
-        yield b"\n".join(data)
+        yield [b"\n".join(data)]
