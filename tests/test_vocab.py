@@ -114,3 +114,13 @@ def test_encode_with_special_tokens_is_tiktokens(pieces: list[str], allowed: Any
     expected = enc._bpe.encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
                                allowed_special=allowed, disallowed_special=())
     assert enc.encode(text, allowed_special=allowed, disallowed_special=()) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 201100), st.integers(195000, 201100), st.integers(-5, 2**33)),
+                max_size=40))
+def test_special_positions_is_the_plain_scan(ids: list[int]) -> None:
+    from harmonykit.tokens import STARTOFTEXT, special_positions
+
+    assert special_positions(ids) == (ids, [i for i, t in enumerate(ids) if not 0 <= t < STARTOFTEXT])
+    assert special_positions(tuple(ids))[1] == special_positions(ids)[1]

@@ -29,7 +29,7 @@ from .tokens import (
     STARTOFTEXT,
     STOP_TOKENS,
     STOP_TOKENS_FOR_ASSISTANT_ACTIONS,
-    as_token_ids,
+    special_positions,
 )
 from .vocab import load_bpe
 
@@ -236,10 +236,10 @@ class HarmonyEncoding:
         return Machine(*self._machine_io(), check_role(role), strict=strict, tools=check_tools(tools))
 
     def _run(self, machine: Machine, tokens: Iterable[int]) -> None:
-        toks = as_token_ids(tokens)
+        toks, specials = special_positions(tokens)
         # Runs of ordinary text are consumed whole; only special or invalid ids step.
         prev = 0
-        for i in [i for i, t in enumerate(toks) if not 0 <= t < STARTOFTEXT]:
+        for i in specials:
             if i > prev:
                 machine.feed_text(toks[prev:i])
             machine.feed(toks[i])
