@@ -388,6 +388,19 @@ def test_stream_lifecycle(enc: hk.HarmonyEncoding) -> None:
         ResponsesStream(enc).feed([1, "a"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="encoding"):
         ChatCompletionStream(None)  # type: ignore[arg-type]
+    from harmonykit.openai import render_chat_request, render_responses_request
+
+    for render in (render_chat_request, render_responses_request):
+        with pytest.raises(TypeError, match="encoding must be a HarmonyEncoding"):
+            render(None, {"input": "x", "messages": [{"role": "user", "content": "x"}]})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tokens must be a sequence"):
+        enc.parse_completion("<|start|>")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"tokens\[1\]"):
+        enc.parse_messages_from_completion_tokens([200006, 1.0], None)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="encoding"):
+        hk.StreamableParser(None, hk.Role.ASSISTANT)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="token 0"):
+        hk.StreamableParser(enc, hk.Role.ASSISTANT).process("a")  # type: ignore[arg-type]
 
 
 def test_every_note_kind_is_documented() -> None:

@@ -307,6 +307,12 @@ def _prompt(encoding: HarmonyEncoding, b: _Builder, parts: tuple[Any, ...],
                   names=head.names)
 
 
+def _check_encoding(encoding: Any) -> None:
+    if not isinstance(encoding, HarmonyEncoding):
+        raise TypeError("encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "
+                        f"got {type(encoding).__name__}")
+
+
 def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
     """Render a Chat Completions request body.
 
@@ -316,6 +322,7 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
     >>> enc.decode_utf8(p.tokens[-7:])
     '<|start|>user<|message|>Hi<|end|><|start|>assistant'
     """
+    _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
     messages = request.get("messages")
@@ -372,6 +379,7 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
 
 def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
     """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...)."""
+    _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
     b = _Builder()
