@@ -1,0 +1,140 @@
+"""One assistant turn of Harmony as an llguidance grammar (Lark syntax), built from a request.
+
+Pure text: no llguidance needed to build it, so a server can send it to an engine
+that constrains generation itself (vLLM ``structured_outputs``, SGLang).
+Special tokens are referenced as tokens (``<|channel|>``), never written as
+text, so no text region can hold one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..openai.errors import RequestError
+from ..openai.names import ToolNames
+from ..openai.schema import check_schema
+
+# A text region: any text (llguidance's text never holds a special token); its lexemes
+# cannot be empty, so an empty body is the terminal left out.
+_TEXT = "TEXT?"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a request allows of one turn: the callable tools (rendered name, schema), whether
+    a final answer may end it, and the answer's schema (None: free text)."""
+
+    tools: tuple[tuple[str, dict[str, Any]], ...]
+    final: bool
+    answer_schema: dict[str, Any] | None
+
+
+def _request_kind(request: dict[str, Any]) -> str:
+    return "responses" if "input" in request and "messages" not in request else "chat"
+
+
+def turn_of(request: dict[str, Any]) -> Turn:
+    """Read tools, ``tool_choice`` and the response format of a Chat or Responses request."""
+    if not isinstance(request, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    kind = _request_kind(request)
+    raw_tools = request.get("tools") or []
+    if not isinstance(raw_tools, list):
+        raise RequestError("tools", "tools must be a list")
+    declared: list[tuple[str, dict[str, Any]]] = []
+    for i, spec in enumerate(raw_tools):
+        fn = spec.get("function") if isinstance(spec, dict) and "function" in spec else spec
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RequestError(f"tools[{i}]", "a function tool needs a non-empty string name")
+        params = fn.get("parameters")
+        where = f"tools[{i}].function.parameters" if isinstance(spec, dict) and "function" in spec \
+            else f"tools[{i}].parameters"
+        if params is not None:
+            check_schema(params, where)
+        declared.append((fn["name"], params if isinstance(params, dict) else {"type": "object"}))
+    names = ToolNames.of([n for n, _ in declared])
+    rendered = dict(zip(names.declared, names.rendered, strict=True))
+    tools = [(rendered[n], schema) for n, schema in declared]
+    choice = request.get("tool_choice", "auto")
+    final = True
+    if choice == "none":
+        tools = []
+    elif choice == "required":
+        if not tools:
+            raise RequestError("tool_choice", "tool_choice 'required' needs tools")
+        final = False
+    elif isinstance(choice, dict):
+        fn = choice.get("function", choice)
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names.declared:
+            raise RequestError("tool_choice", f"tool_choice names {name!r}, which is not in tools")
+        tools = [(rendered[name], dict(declared)[name])]
+        final = False
+    elif choice not in (None, "auto"):
+        raise RequestError("tool_choice", f"unsupported tool_choice {choice!r}")
+    return Turn(tuple(tools), final, _answer_schema(request, kind))
+
+
+def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    if kind == "chat":
+        fmt, param = request.get("response_format"), "response_format"
+    else:
+        text = request.get("text")
+        fmt, param = (text.get("format") if isinstance(text, dict) else None), "text.format"
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise RequestError(param, "must be an object")
+    if fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "object"}
+    if fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema") if kind == "chat" else fmt
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        check_schema(schema, f"{param}.schema")
+        assert isinstance(schema, dict)
+        return schema
+    raise RequestError(f"{param}.type", f"unsupported response format {fmt.get('type')!r}")
+
+
+def harmony_grammar(request: dict[str, Any]) -> str:
+    """The llguidance grammar (Lark syntax) that admits exactly the well-formed completions of
+    one assistant turn for ``request`` (a Chat Completions or Responses body): an optional
+    ``analysis`` message, an optional ``commentary`` preamble, then a ``final`` answer ending
+    in ``<|return|>`` (its body held to the response format's schema) or a call to a
+    declared tool ending in ``<|call|>``, its body held to the tool's parameters.
+
+    >>> g = harmony_grammar({"messages": [], "tools": [{"type": "function", "function": {"name": "f"}}],
+    ...                      "tool_choice": "required"})
+    >>> "final" in g, 'commentary to=functions.f"' in g
+    (False, True)
+    """
+    turn = turn_of(request)
+    answers = (["final"] if turn.final else []) + (["call"] if turn.tools else [])
+    if not answers:
+        raise RequestError("tool_choice", "the request allows neither an answer nor a call")
+    lines = [
+        "start: (analysis next)? (preamble next)? answer",
+        "next: <|start|> \"assistant\"",
+        f"analysis: <|channel|> \"analysis\" <|message|> {_TEXT} <|end|>",
+        f"preamble: <|channel|> \"commentary\" <|message|> {_TEXT} <|end|>",
+        "answer: " + " | ".join(answers),
+        # " <|constrain|>json" or " json": both spellings gpt-oss writes
+        "ctype: (\" \" <|constrain|> \"json\" | \" json\")?",
+    ]
+    if turn.final:
+        body = f"%json {json.dumps(turn.answer_schema)}" if turn.answer_schema is not None else _TEXT
+        ctype = " ctype" if turn.answer_schema is not None else ""
+        lines.append(f"final: <|channel|> \"final\"{ctype} <|message|> {body} <|return|>")
+    if turn.tools:
+        lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(turn.tools))))
+        for i, (name, schema) in enumerate(turn.tools):
+            to = f"to=functions.{name}"
+            # both header orders: the recipient after the channel, or before it (after the role)
+            header = f"(<|channel|> \"commentary {to}\" | \" {to}\" <|channel|> \"commentary\")"
+            lines.append(f"call_{i}: {header} ctype <|message|> %json {json.dumps(schema)} <|call|>")
+    lines.append("TEXT: /(.|\\n)+/")
+    return "\n".join(lines) + "\n"
