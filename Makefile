@@ -28,6 +28,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/gateway.py
+	$(BIN)/python benchmarks/grammar.py
 
 # The built wheel works outside the checkout: a fresh venv, the CLI and an import smoke test.
 wheel-check: $(STAMP)

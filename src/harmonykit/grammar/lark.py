@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..openai.cache import PartsCache
 from ..openai.errors import RequestError
 from ..openai.names import ToolNames
 from ..openai.schema import check_schema
@@ -100,6 +101,9 @@ def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
     raise RequestError(f"{param}.type", f"unsupported response format {fmt.get('type')!r}")
 
 
+GRAMMARS: PartsCache[str] = PartsCache()
+
+
 def harmony_grammar(request: dict[str, Any]) -> str:
     """The llguidance grammar (Lark syntax) that admits exactly the well-formed completions of
     one assistant turn for ``request`` (a Chat Completions or Responses body): an optional
@@ -112,7 +116,15 @@ def harmony_grammar(request: dict[str, Any]) -> str:
     >>> "final" in g, 'commentary to=functions.f"' in g
     (False, True)
     """
-    turn = turn_of(request)
+    if not isinstance(request, dict):
+        raise RequestError(None, "the request body must be a JSON object")
+    text = request.get("text")
+    parts = (request.get("tools"), request.get("tool_choice"), request.get("response_format"),
+             text.get("format") if isinstance(text, dict) else text, _request_kind(request))
+    return GRAMMARS.get(parts, lambda: _grammar(turn_of(request)))
+
+
+def _grammar(turn: Turn) -> str:
     answers = (["final"] if turn.final else []) + (["call"] if turn.tools else [])
     if not answers:
         raise RequestError("tool_choice", "the request allows neither an answer nor a call")

@@ -52,11 +52,7 @@ class _Compiled:
             if found is not None:
                 self._items.move_to_end(key)
                 return found
-        tokenizer = lltokenizer(encoding)
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-        if error:
-            raise GrammarError(None, f"the request's grammar does not compile: {error}")
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(lltokenizer(encoding), grammar, log_level=0)  # compiles once
         if matcher.is_error():
             raise GrammarError(None, f"the request's grammar does not compile: {matcher.get_error()}")
         with self._lock:
@@ -101,13 +97,14 @@ class HarmonyMatcher:
     def fill_bitmask(self, out: np.ndarray[Any, np.dtype[np.int32]]) -> None:
         """The allowed tokens as packed bits (32 ids per int32), as engines apply them."""
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        # llguidance's own end of sequence is never part of a Harmony turn
+        out.view(np.uint32)[ENDOFTEXT >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (ENDOFTEXT & 31)))
 
     def allowed_mask(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
         """One bool per token id (``MASK_SIZE`` long): may it come next?"""
         self.fill_bitmask(self._words)
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")[:MASK_SIZE].view(np.bool_)
-        bits[ENDOFTEXT] = False  # llguidance's own end of sequence, never part of a Harmony turn
-        return bits
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+        return bits[:MASK_SIZE].view(np.bool_)
 
     def is_complete(self) -> bool:
         """The turn has ended (``<|return|>`` or ``<|call|>`` was taken)."""

@@ -6,8 +6,6 @@ Pure functions over plain dicts (the JSON bodies of the two APIs); no HTTP.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +25,8 @@ from ..model import (
 )
 from ..render import analysis_drop_boundary, conversation_has_function_tools
 from ..tokens import CALL, RETURN, START
+from .cache import PartsCache
 from .errors import RequestError
-
-try:  # optional (the server extra); only makes request keys faster
-    import orjson
-except ImportError:  # pragma: no cover - exercised where orjson is absent
-    orjson = None  # type: ignore[assignment]
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
 
@@ -227,61 +221,17 @@ class _Builder:
 
 @dataclass(frozen=True)
 class _Head:
-    """A rendered request head: its messages, their tokens, the declared names, and the
-    request fields it was built from."""
+    """A rendered request head (system and developer message): its messages, their tokens,
+    the declared names. Cached by the request fields it was built from (``HEAD_CACHE``), so an
+    agent loop re-sending the same request pays only for its new messages."""
 
     messages: tuple[Message, ...]
     tokens: tuple[int, ...]
     names: ToolNames
     has_tools: bool
-    parts: tuple[Any, ...] = ()
 
 
-class _HeadCache:
-    """Recently rendered heads (system + developer message: instructions, tools, response
-    format, effort), so an agent loop re-sending the same request pays only for its new
-    messages. Keyed by the request's own JSON for those fields; bounded, least recent out."""
-
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._heads: OrderedDict[tuple[int, bytes], _Head] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, encoding: HarmonyEncoding, parts: tuple[Any, ...], build: Callable[[], _Head]) -> _Head:
-        key = _head_key(parts)
-        if key is None:
-            return build()
-        k = (id(encoding), key)
-        with self._lock:
-            head = self._heads.get(k)
-            # The key is a fast serialization; equality makes a hit exact (orjson writes NaN
-            # as null, and NaN is never equal, so a bad request is always built, and rejected).
-            if head is not None and head.parts == parts:
-                self._heads.move_to_end(k)
-                return head
-        head = build()
-        head = _Head(head.messages, head.tokens, head.names, head.has_tools, parts)
-        with self._lock:
-            self._heads[k] = head
-            while len(self._heads) > self.size:
-                self._heads.popitem(last=False)
-        return head
-
-    def clear(self) -> None:
-        with self._lock:
-            self._heads.clear()
-
-
-HEAD_CACHE = _HeadCache()
-
-
-def _head_key(parts: tuple[Any, ...]) -> bytes | None:
-    try:
-        if orjson is not None:  # ~10x faster where the server extra is installed
-            return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
-        return json.dumps(parts, sort_keys=True, ensure_ascii=False, allow_nan=False).encode()
-    except (TypeError, ValueError):
-        return None  # not JSON: build (and reject) it without the cache
+HEAD_CACHE: PartsCache[_Head] = PartsCache()
 
 
 def _prompt(encoding: HarmonyEncoding, b: _Builder, parts: tuple[Any, ...],
@@ -292,7 +242,7 @@ def _prompt(encoding: HarmonyEncoding, b: _Builder, parts: tuple[Any, ...],
         tokens = [t for m in messages for t in encoding.render(m, options)]
         return _Head(tuple(messages), tuple(tokens), names, options.conversation_has_function_tools)
 
-    head = HEAD_CACHE.get(encoding, parts, make)
+    head = HEAD_CACHE.get((id(encoding), *parts), make)
     messages = [*head.messages, *b.messages]
     # The rest as render_conversation_for_completion renders it: the chain-of-thought
     # rule over the whole conversation, each message on its own.
