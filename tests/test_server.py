@@ -363,3 +363,21 @@ def test_serve_without_upstream_says_how_to_fix_it() -> None:
     proc = subprocess.run([sys.executable, "-m", "harmonykit", "serve"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--upstream" in proc.stderr
+
+
+@pytest.mark.parametrize(("engine", "field"), [("vllm", "structured_outputs"), ("sglang", "ebnf"),
+                                               ("llamacpp", "grammar")])
+def test_guided_sends_the_grammar_upstream(engine: str, field: str) -> None:
+    from harmonykit.grammar import harmony_grammar
+
+    eng = Engine()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "load:1"}],
+            "tools": [{"type": "function", "function": {"name": "get weather", "parameters": {"type": "object"}}}]}
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), guided=engine))) as gw:
+        assert client(gw).chat.completions.create(**body).choices[0].message.content == "answer 1"
+        sent = eng.requests[-1][field]
+        grammar = sent["grammar"] if engine == "vllm" else sent.removeprefix("%llguidance {}\n")
+        assert grammar == harmony_grammar(body) and "to=functions.get_weather" in grammar
+        code, out = _raw(gw, "/v1/chat/completions", json.dumps({**body, "tool_choice": "required",
+                                                                  "tools": []}).encode())
+        assert code == 400 and out["error"]["param"] == "tool_choice"  # type: ignore[index]

@@ -314,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"requests served at once; more get 429 (default 512) [{env}MAX_CONCURRENCY]")
     p.add_argument("--max-body-bytes", type=int, metavar="N",
                    help=f"larger request bodies get 413 (default 16 MiB) [{env}MAX_BODY_BYTES]")
+    p.add_argument("--guided", choices=["vllm", "sglang", "llamacpp"],
+                   help="ask the engine to hold generation to the request's Harmony grammar, so malformed "
+                        f"output cannot happen (docs/grammar.md has each engine's setting) [{env}GUIDED]")
     p.add_argument("--log-content", action="store_true",
                    help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
     p.set_defaults(func=cmd_serve)

@@ -21,6 +21,7 @@ import orjson
 
 from .. import HarmonyEncodingName, load_harmony_encoding
 from ..encoding import HarmonyEncoding
+from ..grammar import harmony_grammar
 from ..openai import (
     ChatCompletionStream,
     Prompt,
@@ -35,7 +36,7 @@ from ..openai.params import check_fields, sampling
 from ..tokens import CALL, RETURN
 from .metrics import Metrics
 from .settings import Settings
-from .upstream import Piece, Upstream, UpstreamError, UpstreamRejected
+from .upstream import Piece, Upstream, UpstreamError, UpstreamRejected, guided_fields
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -195,6 +196,11 @@ class Gateway:
             body = {"model": model, "prompt": prompt.tokens, **sampling(request, kind),
                     "stop_token_ids": [RETURN, CALL], "skip_special_tokens": False,
                     "spaces_between_special_tokens": False, "return_token_ids": True, "return_tokens": True}
+            if self.settings.guided:
+                try:  # the engine holds generation to the request's grammar
+                    body.update(guided_fields(self.settings.guided, harmony_grammar(request)))
+                except RequestError as e:
+                    raise HTTPError(400, e.message, param=e.param) from None
             info["prompt_tokens"] = len(prompt.tokens)
             self.metrics.tokens.labels("in").inc(len(prompt.tokens))
             if self.settings.log_content:

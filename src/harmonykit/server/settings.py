@@ -29,6 +29,7 @@ class Settings:
     max_body_bytes: int = 16 * 1024 * 1024
     log_content: bool = False
     health_interval: float = 5.0
+    guided: str | None = None  # ask the engine to constrain generation: vllm, sglang or llamacpp
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -40,6 +41,8 @@ class Settings:
         for name in ("port", "max_concurrency", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.guided is not None and self.guided not in ("vllm", "sglang", "llamacpp"):
+            raise ValueError(f"guided must be vllm, sglang or llamacpp, got {self.guided!r}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 

@@ -78,6 +78,29 @@ class TextIds:
         return self.encoding.encode(text[:cut], allowed_special="all") if cut else []
 
 
+#: How each engine is asked to hold generation to a grammar (llguidance's Lark syntax).
+GUIDED_ENGINES = ("vllm", "sglang", "llamacpp")
+
+
+def guided_fields(engine: str, grammar: str) -> dict[str, Any]:
+    """The ``/v1/completions`` fields that make ``engine`` constrain generation to ``grammar``.
+
+    vLLM (>= 0.10.2, ``--structured-outputs-config.backend guidance``): ``structured_outputs``;
+    SGLang (``--grammar-backend llguidance``): ``ebnf``; llama.cpp server built with
+    llguidance: ``grammar`` with the ``%llguidance {}`` prefix.
+
+    >>> sorted(guided_fields("vllm", "start: x"))
+    ['structured_outputs']
+    """
+    if engine == "vllm":
+        return {"structured_outputs": {"grammar": grammar}}
+    if engine == "sglang":
+        return {"ebnf": grammar}
+    if engine == "llamacpp":
+        return {"grammar": "%llguidance {}\n" + grammar}
+    raise ValueError(f"unknown engine {engine!r} for guided decoding; use one of {', '.join(GUIDED_ENGINES)}")
+
+
 def _choice_ids(choice: dict[str, Any]) -> list[int] | None:
     for key in ("token_ids", "tokens", "output_ids"):
         ids = choice.get(key)
