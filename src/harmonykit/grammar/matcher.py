@@ -8,8 +8,6 @@ shape and each ``HarmonyMatcher`` starts from a copy of the compiled one.
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import llguidance
@@ -17,6 +15,7 @@ import numpy as np
 from llguidance.tiktoken import lltokenizer_from_encoding
 
 from ..encoding import HarmonyEncoding
+from ..openai.cache import PartsCache
 from ..openai.errors import RequestError
 from ..tokens import ENDOFTEXT, N_VOCAB
 from .lark import harmony_grammar
@@ -37,36 +36,15 @@ def lltokenizer(encoding: HarmonyEncoding) -> llguidance.LLTokenizer:
     return lltokenizer_from_encoding(encoding._bpe, n_vocab=N_VOCAB, eos_token=ENDOFTEXT)
 
 
-class _Compiled:
-    """Compiled grammars by their text, least recently used out."""
-
-    def __init__(self, size: int = 128) -> None:
-        self.size = size
-        self._items: OrderedDict[tuple[int, str], llguidance.LLMatcher] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, encoding: HarmonyEncoding, grammar: str) -> llguidance.LLMatcher:
-        key = (id(encoding), grammar)
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-                return found
-        matcher = llguidance.LLMatcher(lltokenizer(encoding), grammar, log_level=0)  # compiles once
-        if matcher.is_error():
-            raise GrammarError(None, f"the request's grammar does not compile: {matcher.get_error()}")
-        with self._lock:
-            self._items[key] = matcher
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return matcher
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
+def _compile(encoding: HarmonyEncoding, grammar: str) -> llguidance.LLMatcher:
+    matcher = llguidance.LLMatcher(lltokenizer(encoding), grammar, log_level=0)  # compiles once
+    if matcher.is_error():
+        raise GrammarError(None, f"the request's grammar does not compile: {matcher.get_error()}")
+    return matcher
 
 
-COMPILED = _Compiled()
+#: Compiled grammars by their text (a matcher starts from a copy of one).
+COMPILED: PartsCache[llguidance.LLMatcher] = PartsCache(size=128)
 
 
 class HarmonyMatcher:
@@ -85,7 +63,8 @@ class HarmonyMatcher:
         if not isinstance(encoding, HarmonyEncoding):
             raise TypeError(f"encoding must be a HarmonyEncoding, got {type(encoding).__name__}")
         self.grammar = harmony_grammar(request)
-        self._matcher = COMPILED.get(encoding, self.grammar).deep_copy()
+        compiled = COMPILED.get((id(encoding), self.grammar), lambda: _compile(encoding, self.grammar))
+        self._matcher = compiled.deep_copy()
         self._words = np.zeros((N_VOCAB + 31) // 32, dtype=np.int32)
 
     def consume(self, token_id: int) -> bool:
