@@ -6,6 +6,8 @@
     harmonykit render request.json             # a Chat Completions or Responses body, as a server would
     harmonykit inspect completion.txt          # a coloured, human-readable view with repairs marked
     harmonykit serve --upstream URL            # an OpenAI-compatible gateway in front of an engine
+    harmonykit data render IN -o OUT           # chat records -> input_ids, labels, assistant_mask
+    harmonykit data parse IN -o OUT            # rollouts -> messages, repairs, stop, complete
 
 Input shapes are documented with examples in docs/cli.md.
 """
@@ -203,6 +205,77 @@ def _render_request(enc: HarmonyEncoding, body: Any, kind: str, path: str) -> li
         raise CLIError(f"{path}: not a valid {kind} request{where}: {e.message}") from None
 
 
+def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    try:
+        from .data import pipeline
+    except ImportError as e:  # pragma: no cover - the data extra is missing
+        raise CLIError("harmonykit data needs the data extra: pip install 'harmonykit[data]' "
+                       f"({e.name} is missing)") from None
+    if args.input != "-" and not os.path.exists(args.input):
+        raise CLIError(f"cannot read {args.input}: no such file")
+    in_fmt = pipeline.file_format(args.input, args.format)
+    out_fmt = pipeline.file_format(args.output, args.format)
+    options = {"train_on": args.train_on, "cot": args.cot} if args.job == "render" else {"tools": args.tool}
+    summary = pipeline.Summary()
+    writer = pipeline.Writer(args.output, out_fmt)
+    rejects_path = args.output + ".rejects.jsonl"
+    rejects: TextIO | None = None
+    tty = sys.stderr.isatty()
+    started = last = time.monotonic()
+    status = 0
+    try:
+        records = pipeline.read_records(args.input, in_fmt)
+        for item in pipeline.run(args.job, records, args.workers, **options):
+            summary.records += 1
+            if isinstance(item, pipeline.Reject):
+                summary.rejected += 1
+                if rejects is None:
+                    rejects = open(rejects_path, "w", encoding="utf-8")
+                rejects.write(json.dumps(item.to_dict(), ensure_ascii=False, default=str) + "\n")
+                if args.strict:
+                    print(f"harmonykit: error: line {item.line}: {item.error}", file=sys.stderr)
+                    status = 1
+                    break
+                continue
+            _, row = item
+            if args.job == "render":
+                n = len(row["input_ids"])
+                if args.max_tokens and n > args.max_tokens:
+                    summary.too_long += 1
+                    continue
+                summary.tokens += n
+                summary.trained_tokens += sum(1 for label in row["labels"] if label != -100)
+            else:
+                summary.repairs.update(r["kind"] for r in row["repairs"])
+                if out_fmt == "parquet":  # nested, ragged: as JSON text in a fixed schema
+                    row = {**row, "messages": json.dumps(row["messages"], ensure_ascii=False),
+                           "repairs": json.dumps(row["repairs"]), "spans": json.dumps(row["spans"]),
+                           "skipped": json.dumps(row["skipped"])}
+            writer.write(row)
+            summary.written += 1
+            now = time.monotonic()
+            if tty and now - last > 0.2:
+                last = now
+                rate = summary.records / (now - started)
+                print(f"\r{summary.records} records  {rate:,.0f} records/s  "
+                      f"{summary.tokens / (now - started):,.0f} tokens/s", end="", file=sys.stderr)
+    finally:
+        writer.close()
+        if rejects is not None:
+            rejects.close()
+    if tty:
+        print(file=sys.stderr)
+    seconds = max(time.monotonic() - started, 1e-9)
+    report = summary.to_dict() | {"seconds": round(seconds, 3),
+                                  "records_per_second": round(summary.records / seconds)}
+    if rejects is not None:
+        report["rejects"] = rejects_path
+    print(json.dumps(report), file=sys.stderr)
+    return status
+
+
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
@@ -320,6 +393,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-content", action="store_true",
                    help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
     p.set_defaults(func=cmd_serve)
+
+    data = sub.add_parser("data", help="datasets: render chat records for fine-tuning, parse rollouts",
+                          description="Run render_example or parse_example over a file, streamed.")
+    jobs = data.add_subparsers(dest="job", required=True, metavar="JOB")
+    for job, text in (("render", "chat records (Chat Completions or Responses shape, with their answer) to "
+                                 "input_ids, labels and assistant_mask"),
+                      ("parse", "rollouts ({'completion': ids or text, 'tools': [...]}) to messages, "
+                                "repairs, stop and complete")):
+        about = (". Bad records never stop the run and never vanish: each goes to OUT.rejects.jsonl with "
+                 "its line or row number and the field at fault. A summary (JSON) ends the run on "
+                 "standard error; a progress line shows on a terminal.")
+        p = jobs.add_parser(job, help=text, description=text.capitalize() + about)
+        p.add_argument("input", metavar="IN", help="JSONL or Parquet (by extension, or --format); - stdin")
+        p.add_argument("-o", "--output", required=True, metavar="OUT", help="JSONL or Parquet (by extension)")
+        p.add_argument("--format", choices=["jsonl", "parquet"], help="the format of IN and OUT, whatever "
+                                                                     "their extensions")
+        p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+                       help="worker processes (default: the cores)")
+        p.add_argument("--strict", action="store_true", help="stop at the first bad record, exit status 1")
+        if job == "render":
+            p.add_argument("--train-on", choices=["last_turn", "all_assistant"], default="last_turn",
+                           help="which assistant messages carry loss (default: after the last user message)")
+            p.add_argument("--cot", choices=["inference", "reference"], default="inference",
+                           help="inference: as the model sees and writes it (default); reference: the "
+                                "reference's render_conversation_for_training exactly")
+            p.add_argument("--max-tokens", type=int, metavar="N", help="drop (and count) longer examples")
+        else:
+            p.add_argument("--tool", action="append", metavar="NAME", help="a declared function name")
+        p.set_defaults(func=cmd_data)
     return parser
 
 

@@ -220,7 +220,7 @@ class _Builder:
 
 
 @dataclass(frozen=True)
-class _Head:
+class Head:
     """A rendered request head (system and developer message): its messages, their tokens,
     the declared names. Cached by the request fields it was built from (``HEAD_CACHE``), so an
     agent loop re-sending the same request pays only for its new messages."""
@@ -231,19 +231,22 @@ class _Head:
     has_tools: bool
 
 
-HEAD_CACHE: PartsCache[_Head] = PartsCache()
+HEAD_CACHE: PartsCache[Head] = PartsCache()
 
 
-def _prompt(encoding: HarmonyEncoding, b: _Builder, parts: tuple[Any, ...],
-            build: Callable[[], tuple[list[Message], ToolNames]]) -> Prompt:
-    def make() -> _Head:
+def _head(encoding: HarmonyEncoding, parts: tuple[Any, ...],
+          build: Callable[[], tuple[list[Message], ToolNames]]) -> Head:
+    def make() -> Head:
         messages, names = build()
         options = RenderOptions(conversation_has_function_tools=conversation_has_function_tools(messages))
         tokens = [t for m in messages for t in encoding.render(m, options)]
-        return _Head(tuple(messages), tuple(tokens), names, options.conversation_has_function_tools)
+        return Head(tuple(messages), tuple(tokens), names, options.conversation_has_function_tools)
 
-    head = HEAD_CACHE.get((id(encoding), *parts), make)
-    messages = [*head.messages, *b.messages]
+    return HEAD_CACHE.get((id(encoding), *parts), make)
+
+
+def _prompt(encoding: HarmonyEncoding, head: Head, rest: list[Message]) -> Prompt:
+    messages = [*head.messages, *rest]
     # The rest as render_conversation_for_completion renders it: the chain-of-thought
     # rule over the whole conversation, each message on its own.
     drop = analysis_drop_boundary(messages, None)
@@ -272,6 +275,11 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
     >>> enc.decode_utf8(p.tokens[-7:])
     '<|start|>user<|message|>Hi<|end|><|start|>assistant'
     """
+    return _prompt(encoding, *read_chat_request(encoding, request))
+
+
+def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tuple[Head, list[Message]]:
+    """A Chat Completions body as Harmony: the (cached) rendered head and the other messages."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
@@ -324,11 +332,16 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
 
     parts = ("chat", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              request.get("response_format"))
-    return _prompt(encoding, b, parts, head)
+    return _head(encoding, parts, head), b.messages
 
 
 def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
     """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...)."""
+    return _prompt(encoding, *read_responses_request(encoding, request))
+
+
+def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tuple[Head, list[Message]]:
+    """A Responses body as Harmony: the (cached) rendered head and the other messages."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
@@ -399,4 +412,4 @@ def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any])
 
     parts = ("responses", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              (text_cfg or {}).get("format"))
-    return _prompt(encoding, b, parts, head)
+    return _head(encoding, parts, head), b.messages

@@ -1,0 +1,117 @@
+"""Training examples and rollouts, one record at a time: Harmony token ids with a loss mask,
+and parsed completions, as plain JSON-friendly dicts.
+
+Records are Chat Completions requests plus their answer (``messages`` with
+``tool_calls`` and ``reasoning_content``; optional ``tools``,
+``reasoning_effort``) or Responses requests (``input`` items); they are read by
+the OpenAI mapping's own request conversion, so tools are rendered exactly as a
+server would render them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..encoding import HarmonyEncoding
+from ..model import Message, Role
+from ..openai.errors import RequestError
+from ..openai.request import read_chat_request, read_responses_request
+from ..render import analysis_drop_boundary
+from ..tokens import END, RETURN
+
+IGNORE = -100  # the label of a token that carries no loss
+TRAIN_ON = ("last_turn", "all_assistant")
+COT = ("inference", "reference")
+
+
+def _messages(encoding: HarmonyEncoding, record: dict[str, Any]) -> tuple[Any, list[Message]]:
+    if not isinstance(record, dict):
+        raise RequestError(None, f"a record must be an object, got {type(record).__name__}")
+    if "input" in record and "messages" not in record:
+        return read_responses_request(encoding, record)
+    return read_chat_request(encoding, record)
+
+
+def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_on: str = "last_turn",
+                   cot: str = "inference") -> dict[str, Any]:
+    """A record as ``input_ids``, ``labels`` (``-100`` where no loss) and ``assistant_mask``.
+
+    ``cot="inference"`` renders what the model sees and writes at inference: the history
+    as ``render_conversation_for_completion`` gives it for the last turn, then the last turn
+    as generated, its reasoning kept, calls ending in ``<|call|>``, tool results in between,
+    the final answer ending in ``<|return|>``. ``cot="reference"`` gives the reference's
+    ``render_conversation_for_training`` exactly (which drops every analysis message before
+    the first final one, the trained turn's reasoning included).
+
+    ``train_on="last_turn"`` trains the assistant messages after the last user message;
+    ``"all_assistant"`` every assistant message rendered. A message's opening
+    ``<|start|>assistant`` is trained only where the model writes it (after another
+    assistant message), not where the prompt gives it.
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> ex = render_example(enc, {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant",
+    ...     "reasoning_content": "Easy.", "content": "4"}]})
+    >>> enc.decode([t for t, label in zip(ex["input_ids"], ex["labels"]) if label != -100])
+    '<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>'
+    """
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
+    if cot not in COT:
+        raise ValueError(f"cot must be one of {', '.join(COT)}, got {cot!r}")
+    head, rest = _messages(encoding, record)
+    messages = [*head.messages, *rest]
+    first = len(head.messages)
+    users = [i for i in range(first, len(messages)) if messages[i].author.role is Role.USER]
+    last_user = users[-1] if users else -1
+    turn = last_user + 1
+    if not any(m.author.role is Role.ASSISTANT for m in messages[turn:]):
+        raise RequestError("messages" if "messages" in record else "input",
+                           "the record has no assistant answer after its last user message to train on")
+    # The chain-of-thought rule over the history only (inference) or the whole record (reference).
+    drop = analysis_drop_boundary(messages[:turn] if cot == "inference" else messages, None)
+    render = encoding._renderer.render_message
+    tokens = list(head.tokens)
+    spans: list[tuple[int, int, int]] = []  # (message index, start, end) of rendered messages
+    for i in range(first, len(messages)):
+        m = messages[i]
+        if m.channel == "analysis" and i < drop:
+            continue
+        start = len(tokens)
+        render(m, head.has_tools, tokens)
+        spans.append((i, start, len(tokens)))
+        if m.author.role is Role.ASSISTANT and m.channel == "final" and tokens[-1] == END \
+                and (i >= turn if cot == "inference" else i == len(messages) - 1):
+            tokens[-1] = RETURN  # generation ends there
+    labels = [IGNORE] * len(tokens)
+    mask = [0] * len(tokens)
+    previous_assistant = False
+    for i, start, end in spans:
+        assistant = messages[i].author.role is Role.ASSISTANT
+        if assistant:
+            # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
+            begin = start if previous_assistant else start + 2
+            trained = train_on == "all_assistant" or i >= turn
+            for k in range(begin, end):
+                mask[k] = 1
+                if trained:
+                    labels[k] = tokens[k]
+        previous_assistant = assistant
+    return {"input_ids": tokens, "labels": labels, "assistant_mask": mask}
+
+
+def parse_example(encoding: HarmonyEncoding, completion: str | Sequence[int], *,
+                  tools: Sequence[str] | None = None) -> dict[str, Any]:
+    """A rollout parsed tolerantly: ``messages``, ``repairs``, ``stop``, ``complete`` (and the
+    ``spans`` and ``skipped`` ranges). ``completion`` is token ids, or text with the special
+    tokens written out (what follows the prompt's ``<|start|>assistant``).
+
+    >>> from harmonykit import load_harmony_encoding
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> r = parse_example(enc, "<|channel|>final<|message|>4<|return|>")
+    >>> r["messages"][0]["content"][0]["text"], r["stop"], r["complete"]
+    ('4', 'return', True)
+    """
+    ids = encoding.encode(completion, allowed_special="all") if isinstance(completion, str) else completion
+    return encoding.parse_completion(ids, Role.ASSISTANT, tools=tools).to_dict()
