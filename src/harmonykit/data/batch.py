@@ -21,7 +21,12 @@ def _rows(batch: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     columns = {k: _plain(v) for k, v in batch.items()}
     n = len(next(iter(columns.values()))) if columns else 0
     for i in range(n):
-        yield {k: v[i] for k, v in columns.items() if v[i] is not None}
+        yield {k: v[i] for k, v in columns.items() if not _missing(v[i])}
+
+
+def _missing(value: Any) -> bool:
+    # Arrow gives None for a field a row lacks; pandas gives NaN or pandas.NA (not imported here)
+    return value is None or (isinstance(value, float) and value != value) or type(value).__name__ == "NAType"
 
 
 def _plain(column: Any) -> list[Any]:
@@ -37,7 +42,7 @@ def _plain_value(value: Any) -> Any:
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
         return _plain_value(value.tolist())
     if isinstance(value, dict):
-        return {k: _plain_value(v) for k, v in value.items() if v is not None}
+        return {k: _plain_value(v) for k, v in value.items() if not _missing(v)}
     if isinstance(value, (list, tuple)):
         return [_plain_value(v) for v in value]
     return value
