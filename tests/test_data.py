@@ -82,7 +82,7 @@ def test_renders_match_the_reference(ref: Any, record: dict[str, Any], train_on:
     want: list[int] = []
     previous = None
     pos = len(prompt) - 2
-    for i, m in enumerate(msgs[turn:], start=turn):
+    for m in msgs[turn:]:
         tokens = expected[pos : pos + len(ref.render(m))]
         pos += len(tokens)
         if m.author.role == oh.Role.ASSISTANT:

@@ -92,11 +92,9 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
         if assistant:
             # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
             begin = start if previous_assistant else start + 2
-            trained = train_on == "all_assistant" or i >= turn
-            for k in range(begin, end):
-                mask[k] = 1
-                if trained:
-                    labels[k] = tokens[k]
+            mask[begin:end] = [1] * (end - begin)
+            if train_on == "all_assistant" or i >= turn:
+                labels[begin:end] = tokens[begin:end]
         previous_assistant = assistant
     return {"input_ids": tokens, "labels": labels, "assistant_mask": mask}
 
