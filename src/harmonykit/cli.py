@@ -239,15 +239,16 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
                     status = 1
                     break
                 continue
-            _, row = item
-            if args.job == "render":
-                n = len(row["input_ids"])
-                if args.max_tokens and n > args.max_tokens:
+            row: dict[str, Any]
+            if isinstance(item, pipeline.Rendered):
+                if args.max_tokens and item.tokens > args.max_tokens:
                     summary.too_long += 1
                     continue
-                summary.tokens += n
-                summary.trained_tokens += sum(1 for label in row["labels"] if label != -100)
+                summary.tokens += item.tokens
+                summary.trained_tokens += item.trained
+                row = item.row()
             else:
+                row = item[1]
                 summary.repairs.update(r["kind"] for r in row["repairs"])
                 if out_fmt == "parquet":  # nested, ragged: as JSON text in a fixed schema
                     row = {**row, "messages": json.dumps(row["messages"], ensure_ascii=False),

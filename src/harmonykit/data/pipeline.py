@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -61,8 +62,22 @@ def file_format(path: str, given: str | None) -> str:
     return "jsonl"
 
 
+class Line(str):
+    """A JSONL line not parsed yet: the worker that takes it parses it (the reading process
+    only reads, so it is not what limits the workers)."""
+
+
+def _record(n: int, item: Any) -> Any:
+    if not isinstance(item, Line):
+        return item
+    try:
+        return json.loads(item)
+    except json.JSONDecodeError as e:
+        return Reject(n, f"not JSON: {e.msg} at column {e.colno}", item.rstrip("\n"))
+
+
 def read_records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
-    """``(line or row number, record)``; a line that is not JSON yields a ``Reject`` in its place."""
+    """``(line or row number, record)``: a JSONL line comes as a ``Line`` its worker parses."""
     if fmt == "jsonl":
         stream = open(path, encoding="utf-8", errors="replace") if path != "-" else None
         import sys
@@ -70,12 +85,8 @@ def read_records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
         f: TextIO = stream if stream is not None else sys.stdin
         try:
             for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield n, json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield n, Reject(n, f"not JSON: {e.msg} at column {e.colno}", line.rstrip("\n"))
+                if line.strip():
+                    yield n, Line(line)
         finally:
             if stream is not None:
                 stream.close()
@@ -100,24 +111,44 @@ def read_records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
 # -- the jobs (top-level: worker processes import them) ---------------------------------
 
 
+@dataclass
+class Rendered:
+    """A rendered record: its columns as compact arrays (cheap to send between processes)
+    and its counts."""
+
+    line: int
+    columns: dict[str, array[int]]
+    tokens: int
+    trained: int
+
+    def row(self) -> dict[str, list[int]]:
+        return {k: v.tolist() for k, v in self.columns.items()}
+
+
 def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str) -> list[Any]:
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     out: list[Any] = []
-    for n, record in chunk:
+    for n, item in chunk:
+        record = _record(n, item)
         if isinstance(record, Reject):
             out.append(record)
             continue
         try:
-            out.append((n, render_example(enc, record, train_on=train_on, cot=cot)))
+            ex = render_example(enc, record, train_on=train_on, cot=cot)
         except (RequestError, HarmonyError, ValueError, TypeError) as e:
             out.append(Reject(n, error_text(e), record))
+            continue
+        labels = ex["labels"]
+        out.append(Rendered(n, {k: array("i", v) for k, v in ex.items()}, len(labels),
+                            len(labels) - labels.count(-100)))
     return out
 
 
 def _parse_chunk(chunk: list[tuple[int, Any]], tools: list[str] | None) -> list[Any]:
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     out: list[Any] = []
-    for n, record in chunk:
+    for n, item in chunk:
+        record = _record(n, item)
         if isinstance(record, Reject):
             out.append(record)
             continue
@@ -145,7 +176,8 @@ def _chunks(items: Iterable[tuple[int, Any]], size: int) -> Iterator[list[tuple[
 
 
 def run(job: str, items: Iterable[tuple[int, Any]], workers: int, **options: Any) -> Iterator[Any]:
-    """Results in input order: ``(line, row dict)`` or ``Reject``. With several workers, at most
+    """Results in input order: ``Rendered`` (render), ``(line, row dict)`` (parse) or ``Reject``.
+    With several workers, at most
     a few chunks per worker are in flight, so memory does not grow with the file."""
     fn = _render_chunk if job == "render" else _parse_chunk
     args = (options["train_on"], options["cot"]) if job == "render" else (options.get("tools"),)

@@ -35,6 +35,9 @@ RUST_WS = frozenset(
     + "".join(chr(c) for c in range(0x2000, 0x200B))
 )
 _ASCII_WS = re.compile(r"[ \t\n\x0c\r]+")
+_RUST_WS_RE = re.compile("[" + re.escape("".join(sorted(RUST_WS))) + "]")
+# Only a word holding these letters can be a channel name in disguise (cheap to rule out).
+_HAS_CHANNEL_LETTERS = re.compile(r"(?i)analysis|commentary|final")
 _WORD = re.compile(r"[^ \t\n\x0c\r]+")
 _CHANNEL_END = re.compile("[<" + re.escape("".join(sorted(RUST_WS))) + "]")
 _ROLES = {r.value: r for r in Role}
@@ -338,8 +341,10 @@ def named_nothing(recipient: str) -> bool:
 def plausible_recipient(recipient: str, tools: frozenset[str] | None) -> bool:
     """A recipient that needs no repair: a declared function, a built-in tool, or anything
     when no tools were declared (but never a channel word, or a role glued to one)."""
-    if named_nothing(recipient) or junk_channel_word(recipient) or recipient in KNOWN_CHANNELS \
-            or _GLUED_CHANNEL.match(recipient) or any(c in RUST_WS for c in recipient):
+    if named_nothing(recipient) or _RUST_WS_RE.search(recipient):
+        return False
+    if _HAS_CHANNEL_LETTERS.search(recipient) and (
+            junk_channel_word(recipient) or recipient in KNOWN_CHANNELS or _GLUED_CHANNEL.match(recipient)):
         return False
     if not tools or recipient == "python":
         return True

@@ -375,18 +375,21 @@ class Machine:
         return out.decode("utf-8")
 
     def _tolerant_header(self, start: int, index: int) -> Header:
-        ht = decode_header(self.header_tokens, start, self._token_bytes, self._decode_run)
-        if self._weak:
-            self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
-        elif not ht.repairs:
+        if not self._weak:
+            # Well-formed headers (nearly all) are read by the reference's rules from the plain
+            # decode; the tolerant reading's bookkeeping is built only when that fails.
             try:
-                header, remaining = parse_reference(ht.text, self.next_role, True)
-            except HeaderError:
+                text = self._decode_strict(self.header_tokens)
+                header, remaining = parse_reference(text, self.next_role, True)
+            except (UnicodeDecodeError, HeaderError):
                 pass
             else:
                 header = fix_lone_constrain(header)
                 if remaining is None and sound_header(header, self.tools):
                     return header
+        ht = decode_header(self.header_tokens, start, self._token_bytes, self._decode_run)
+        if self._weak:
+            self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
         res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
         self.repairs += ht.repairs
         prose = res.leftover.strip()
