@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/gateway.py
 	$(BIN)/python benchmarks/grammar.py
+	$(BIN)/python benchmarks/data.py
 
 # The built wheel works outside the checkout: a fresh venv, the CLI and an import smoke test.
 wheel-check: $(STAMP)

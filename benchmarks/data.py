@@ -76,9 +76,9 @@ def main() -> None:
     print(f"  render through the pipeline: 1 worker {N / walls[1]:,.0f} records/s, 2 workers {N / walls[2]:,.0f} "
           f"records/s ({walls[1] / walls[2]:.2f}x from the second worker; {os.cpu_count()} cores)")
     # Rollouts as a model writes them: reasoning, then an answer or a call (~300 tokens each).
-    words = " ".join(f"step {k} checks the widget size and the catalogue entry" for k in range(25))
+    words = " ".join(f"step {k} checks the widget size and the catalogue entry" for k in range(120))
     completions = [enc.encode(f"<|channel|>analysis<|message|>{words} for item {i}.<|end|><|start|>assistant"
-                              + (f"<|channel|>final<|message|>Item {i} is a widget. {words[:300]}<|return|>"
+                              + (f"<|channel|>final<|message|>Item {i} is a widget. {words[:1500]}<|return|>"
                                  if i % 2 else f" to=functions.tool_1<|channel|>commentary <|constrain|>json"
                                  f'<|message|>{{"query": "item {i}"}}<|call|>'), allowed_special="all")
                    for i in range(2000)]

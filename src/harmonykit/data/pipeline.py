@@ -8,6 +8,7 @@ The CLI only wires files, progress and the summary around it.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -186,6 +187,19 @@ def run(job: str, items: Iterable[tuple[int, Any]], workers: int, **options: Any
             yield from fn(chunk, *args)
         return
     ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
+    # Objects that exist now are left out of collections while the workers live: a forked
+    # worker's collector would otherwise touch (and so copy) every page of them.
+    gc.freeze()
+    try:
+        yield from _pooled(ctx, fn, args, items, workers)
+    finally:
+        gc.unfreeze()
+
+
+def _pooled(ctx: Any, fn: Any, args: tuple[Any, ...], items: Iterable[tuple[int, Any]],
+            workers: int) -> Iterator[Any]:
+    # All work in the workers: this process only reads and writes (its pool threads share
+    # its interpreter lock, so work done here would stall them).
     with ctx.Pool(workers) as pool:
         pending: deque[Any] = deque()
         for chunk in _chunks(items, CHUNK):
