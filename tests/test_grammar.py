@@ -49,7 +49,7 @@ def run(matcher: HarmonyMatcher, text: str) -> bool:
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20).filter(lambda s: "<|" not in s)
 # llguidance's JSON lexer wants control characters escaped, U+007F-U+009F too (JSON allows them raw)
-_json_text = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20)
+_json_text = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20).filter(lambda s: "<|" not in s)
 
 
 @st.composite
