@@ -8,28 +8,18 @@ cost linear in the output (1M tokens ~ 10x 100k).
 
 from __future__ import annotations
 
-import gzip
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harmonykit.vocab import candidate_sources
+import openai_harmony as oh
+import reference  # noqa: F401 - sets up the reference's vocabulary, offline
 
-_folder = tempfile.mkdtemp(prefix="harmonykit-bench-")
-_bundled = candidate_sources()[-1][1]
-assert _bundled is not None
-with gzip.open(_bundled) as _src:
-    (Path(_folder) / "o200k_base.tiktoken").write_bytes(_src.read())
-os.environ["TIKTOKEN_ENCODINGS_BASE"] = _folder
-
-import openai_harmony as oh  # noqa: E402
-
-import harmonykit as hk  # noqa: E402
+import harmonykit as hk
 
 
 def best(fn: Callable[[], Any], repeat: int = 5, number: int = 1) -> float:

@@ -7,30 +7,19 @@ Run alone: ``python benchmarks/data.py``.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from harmonykit.vocab import candidate_sources
+import openai_harmony as oh
+import reference  # noqa: F401 - sets up the reference's vocabulary, offline
 
-_folder = tempfile.mkdtemp(prefix="harmonykit-bench-")
-_bundled = candidate_sources()[-1][1]
-assert _bundled is not None
-with gzip.open(_bundled) as _src:
-    (Path(_folder) / "o200k_base.tiktoken").write_bytes(_src.read())
-os.environ["TIKTOKEN_ENCODINGS_BASE"] = _folder
-
-import openai_harmony as oh  # noqa: E402
-
-import harmonykit as hk  # noqa: E402
-from harmonykit.data import parse_example, render_example  # noqa: E402
-from harmonykit.data.pipeline import Line, run  # noqa: E402
-from harmonykit.openai import render_chat_request  # noqa: E402
+import harmonykit as hk
+from harmonykit.data import parse_example, render_example
+from harmonykit.data.pipeline import Line, run
+from harmonykit.openai import render_chat_request
 
 N = 10_000
 TOOLS = [{"type": "function", "function": {"name": f"tool_{k}", "description": "Looks something up.",

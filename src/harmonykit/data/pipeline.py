@@ -68,6 +68,16 @@ class Line(str):
     only reads, so it is not what limits the workers)."""
 
 
+def _good(chunk: list[tuple[int, Any]], out: list[Any]) -> Iterator[tuple[int, Any]]:
+    """The chunk's records that are JSON; the others go to ``out`` as rejects, in their place."""
+    for n, item in chunk:
+        record = _record(n, item)
+        if isinstance(record, Reject):
+            out.append(record)
+        else:
+            yield n, record
+
+
 def _record(n: int, item: Any) -> Any:
     if not isinstance(item, Line):
         return item
@@ -129,11 +139,7 @@ class Rendered:
 def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str) -> list[Any]:
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     out: list[Any] = []
-    for n, item in chunk:
-        record = _record(n, item)
-        if isinstance(record, Reject):
-            out.append(record)
-            continue
+    for n, record in _good(chunk, out):
         try:
             ex = render_example(enc, record, train_on=train_on, cot=cot)
         except (RequestError, HarmonyError, ValueError, TypeError) as e:
@@ -148,11 +154,7 @@ def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str) -> list
 def _parse_chunk(chunk: list[tuple[int, Any]], tools: list[str] | None) -> list[Any]:
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     out: list[Any] = []
-    for n, item in chunk:
-        record = _record(n, item)
-        if isinstance(record, Reject):
-            out.append(record)
-            continue
+    for n, record in _good(chunk, out):
         completion = record.get("completion") if isinstance(record, dict) else record
         row_tools = record.get("tools") if isinstance(record, dict) else None
         if not isinstance(completion, (str, list)):
