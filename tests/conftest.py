@@ -8,20 +8,16 @@ openai_harmony is first imported.
 from __future__ import annotations
 
 import atexit
-import gzip
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from harmonykit.vocab import candidate_sources
+from harmonykit.vocab import export_vocabulary
 
 _VOCAB_DIR = tempfile.mkdtemp(prefix="harmonykit-vocab-")
 atexit.register(shutil.rmtree, _VOCAB_DIR, True)
-_bundled = candidate_sources()[-1][1]
-assert _bundled is not None, "bpe-openai is not installed"
-with gzip.open(_bundled) as src:
-    (Path(_VOCAB_DIR) / "o200k_base.tiktoken").write_bytes(src.read())
+export_vocabulary(_VOCAB_DIR)
 os.environ["TIKTOKEN_ENCODINGS_BASE"] = _VOCAB_DIR
 
 import openai_harmony  # noqa: E402

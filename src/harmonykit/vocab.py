@@ -119,6 +119,19 @@ def read_vocabulary() -> bytes:
     )
 
 
+def export_vocabulary(folder: str | os.PathLike[str]) -> Path:
+    """Write the hash-checked ``o200k_base.tiktoken`` into ``folder`` (for tools that read one
+    from a folder, such as openai_harmony through ``TIKTOKEN_ENCODINGS_BASE``); returns its path.
+
+    >>> import tempfile
+    >>> export_vocabulary(tempfile.mkdtemp()).name
+    'o200k_base.tiktoken'
+    """
+    path = Path(folder) / FILENAME
+    path.write_bytes(read_vocabulary())
+    return path
+
+
 def parse_ranks(data: bytes) -> dict[bytes, int]:
     """Parse a ``.tiktoken`` file: one ``base64(token) rank`` pair a line.
 
