@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import openai_harmony as oh
@@ -18,7 +19,6 @@ import reference  # noqa: F401 - sets up the reference's vocabulary, offline
 
 import harmonykit as hk
 from harmonykit.data import parse_example, render_example
-from harmonykit.data.pipeline import Line, run
 from harmonykit.openai import render_chat_request
 
 N = 10_000
@@ -55,15 +55,21 @@ def main() -> None:
     print(f"  render, one worker        harmonykit {N / t_ours:9,.0f} records/s {tokens / t_ours / 1e6:6.2f} M tok/s   "
           f"reference loop {N / t_ref:7,.0f} records/s {ref_tokens / t_ref / 1e6:5.2f} M tok/s   ratio {t_ref / t_ours:5.1f}x")
     print("    (harmonykit's time includes reading the records from their JSON shape; the reference's does not)")
-    items = [(n, Line(json.dumps(r) + "\n")) for n, r in enumerate(records, 1)]  # as read from JSONL
-    walls = {}
+    # The command line end to end (a 10k-record JSONL file), as users run it: records/s over the run.
+    import subprocess
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="harmonykit-data-"))
+    src = folder / "records.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    rates = {}
     for workers in (1, 2):
-        t = time.perf_counter()
-        n = sum(1 for _ in run("render", items, workers, train_on="last_turn", cot="inference"))
-        walls[workers] = time.perf_counter() - t
-        assert n == N
-    print(f"  render through the pipeline: 1 worker {N / walls[1]:,.0f} records/s, 2 workers {N / walls[2]:,.0f} "
-          f"records/s ({walls[1] / walls[2]:.2f}x from the second worker; {os.cpu_count()} cores)")
+        proc = subprocess.run([sys.executable, "-m", "harmonykit", "data", "render", str(src), "-o",
+                               str(folder / f"out{workers}.jsonl"), "--workers", str(workers)],
+                              capture_output=True, text=True, check=True)
+        rates[workers] = json.loads(proc.stderr.strip().splitlines()[-1])["records_per_second"]
+    print(f"  harmonykit data render (JSONL, end to end): 1 worker {rates[1]:,} records/s, 2 workers "
+          f"{rates[2]:,} records/s ({rates[2] / rates[1]:.2f}x from the second worker; {os.cpu_count()} cores)")
     # Rollouts as a model writes them: reasoning, then an answer or a call (~300 tokens each).
     words = " ".join(f"step {k} checks the widget size and the catalogue entry" for k in range(120))
     completions = [enc.encode(f"<|channel|>analysis<|message|>{words} for item {i}.<|end|><|start|>assistant"

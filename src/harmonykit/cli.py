@@ -217,7 +217,8 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
         raise CLIError(f"cannot read {args.input}: no such file")
     in_fmt = pipeline.file_format(args.input, args.format)
     out_fmt = pipeline.file_format(args.output, args.format)
-    options = {"train_on": args.train_on, "cot": args.cot} if args.job == "render" else {"tools": args.tool}
+    options = {"train_on": args.train_on, "cot": args.cot, "jsonl": out_fmt == "jsonl"} \
+        if args.job == "render" else {"tools": args.tool}
     summary = pipeline.Summary()
     writer = pipeline.Writer(args.output, out_fmt)
     rejects_path = args.output + ".rejects.jsonl"
@@ -246,6 +247,10 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
                     continue
                 summary.tokens += item.tokens
                 summary.trained_tokens += item.trained
+                if item.text is not None:
+                    writer.write_text(item.text)
+                    summary.written += 1
+                    continue
                 row = item.row()
             else:
                 row = item[1]

@@ -124,19 +124,22 @@ def read_records(path: str, fmt: str) -> Iterator[tuple[int, Any]]:
 
 @dataclass
 class Rendered:
-    """A rendered record: its columns as compact arrays (cheap to send between processes)
-    and its counts."""
+    """A rendered record and its counts: its JSONL line when the output is JSONL (written by
+    the worker, so the process that writes the file only moves text), else its columns as
+    compact arrays (cheap to send between processes)."""
 
     line: int
-    columns: dict[str, array[int]]
     tokens: int
     trained: int
+    columns: dict[str, array[int]] | None = None
+    text: str | None = None
 
     def row(self) -> dict[str, list[int]]:
+        assert self.columns is not None
         return {k: v.tolist() for k, v in self.columns.items()}
 
 
-def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str) -> list[Any]:
+def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str, jsonl: bool = False) -> list[Any]:
     enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     out: list[Any] = []
     for n, record in _good(chunk, out):
@@ -146,8 +149,11 @@ def _render_chunk(chunk: list[tuple[int, Any]], train_on: str, cot: str) -> list
             out.append(Reject(n, error_text(e), record))
             continue
         labels = ex["labels"]
-        out.append(Rendered(n, {k: array("i", v) for k, v in ex.items()}, len(labels),
-                            len(labels) - labels.count(-100)))
+        counts = (len(labels), len(labels) - labels.count(-100))
+        if jsonl:
+            out.append(Rendered(n, *counts, text=json.dumps(ex, separators=(", ", ": ")) + "\n"))
+        else:
+            out.append(Rendered(n, *counts, columns={k: array("i", v) for k, v in ex.items()}))
     return out
 
 
@@ -183,7 +189,8 @@ def run(job: str, items: Iterable[tuple[int, Any]], workers: int, **options: Any
     With several workers, at most
     a few chunks per worker are in flight, so memory does not grow with the file."""
     fn = _render_chunk if job == "render" else _parse_chunk
-    args = (options["train_on"], options["cot"]) if job == "render" else (options.get("tools"),)
+    args = (options["train_on"], options["cot"], options.get("jsonl", False)) if job == "render" \
+        else (options.get("tools"),)
     if workers <= 1:
         for chunk in _chunks(items, CHUNK):
             yield from fn(chunk, *args)
@@ -220,6 +227,11 @@ class Writer:
         self._rows: list[dict[str, Any]] = []
         self._parquet: Any = None
         self._file: TextIO | None = open(path, "w", encoding="utf-8") if fmt == "jsonl" else None
+
+    def write_text(self, text: str) -> None:
+        """A row already serialized as a JSONL line (by a worker)."""
+        assert self._file is not None
+        self._file.write(text)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._file is not None:
