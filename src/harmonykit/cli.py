@@ -101,9 +101,11 @@ def request_kind(body: Any) -> str:
     >>> request_kind({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]})
     'conversation'
     """
+    from .openai.request import api_of
+
     if not isinstance(body, dict):
         return "conversation"
-    if "input" in body and "messages" not in body:
+    if api_of(body) == "responses":
         return "responses"
     if _CHAT_KEYS & body.keys():
         return "chat"

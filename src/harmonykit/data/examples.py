@@ -16,7 +16,7 @@ from typing import Any
 from ..encoding import HarmonyEncoding
 from ..model import Message, Role
 from ..openai.errors import RequestError
-from ..openai.request import read_chat_request, read_responses_request
+from ..openai.request import api_of, read_chat_request, read_responses_request
 from ..render import analysis_drop_boundary
 from ..tokens import END, RETURN
 
@@ -28,7 +28,7 @@ COT = ("inference", "reference")
 def _messages(encoding: HarmonyEncoding, record: dict[str, Any]) -> tuple[Any, list[Message]]:
     if not isinstance(record, dict):
         raise RequestError(None, f"a record must be an object, got {type(record).__name__}")
-    if "input" in record and "messages" not in record:
+    if api_of(record) == "responses":
         return read_responses_request(encoding, record)
     return read_chat_request(encoding, record)
 

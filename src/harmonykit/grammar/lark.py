@@ -15,6 +15,7 @@ from typing import Any
 from ..openai.cache import PartsCache
 from ..openai.errors import RequestError
 from ..openai.names import ToolNames
+from ..openai.request import api_of
 from ..openai.schema import check_schema
 
 # A text region: any text (llguidance's text never holds a special token); its lexemes
@@ -32,15 +33,11 @@ class Turn:
     answer_schema: dict[str, Any] | None
 
 
-def _request_kind(request: dict[str, Any]) -> str:
-    return "responses" if "input" in request and "messages" not in request else "chat"
-
-
 def turn_of(request: dict[str, Any]) -> Turn:
     """Read tools, ``tool_choice`` and the response format of a Chat or Responses request."""
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
-    kind = _request_kind(request)
+    kind = api_of(request)
     raw_tools = request.get("tools") or []
     if not isinstance(raw_tools, list):
         raise RequestError("tools", "tools must be a list")
@@ -120,7 +117,7 @@ def harmony_grammar(request: dict[str, Any]) -> str:
         raise RequestError(None, "the request body must be a JSON object")
     text = request.get("text")
     parts = (request.get("tools"), request.get("tool_choice"), request.get("response_format"),
-             text.get("format") if isinstance(text, dict) else text, _request_kind(request))
+             text.get("format") if isinstance(text, dict) else text, api_of(request))
     return GRAMMARS.get(parts, lambda: _grammar(turn_of(request)))
 
 

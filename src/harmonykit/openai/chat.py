@@ -189,7 +189,7 @@ class ChatCompletionStream(OutputStream):
         if not self.started:
             self.started = True
             chunks.append(self._chunk({"role": "assistant", "content": ""}))
-        return chunks + [self._chunk(d) for d in self._deltas.convert(self.events(token_ids))]
+        return chunks + [self._chunk(d) for d in self._deltas.convert(self.turn.feed(token_ids))]
 
     def fail(self, message: str, code: str = "upstream_error") -> list[dict[str, Any]]:
         """How the stream ends when the engine fails midway: a last chunk whose

@@ -271,6 +271,11 @@ def _prompt(encoding: HarmonyEncoding, head: Head, rest: list[Message]) -> Promp
                   names=head.names)
 
 
+def api_of(body: dict[str, Any]) -> str:
+    """``"responses"`` for a body with ``input`` and no ``messages``, else ``"chat"``."""
+    return "responses" if "input" in body and "messages" not in body else "chat"
+
+
 def _check_encoding(encoding: Any) -> None:
     if not isinstance(encoding, HarmonyEncoding):
         raise TypeError("encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "

@@ -209,7 +209,7 @@ class ResponsesStream(OutputStream):
             self.started = True
             out.append(self._items.event("response.created", response=self.response("in_progress", [])))
             out.append(self._items.event("response.in_progress", response=self.response("in_progress", [])))
-        return out + self._items.convert(self.events(token_ids))
+        return out + self._items.convert(self.turn.feed(token_ids))
 
     def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         """How the stream ends when the engine fails midway: ``response.failed``, carrying

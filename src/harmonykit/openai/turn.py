@@ -201,6 +201,7 @@ class Turn:
     notes: list[Note] = field(default_factory=list)
     incomplete: set[int] = field(default_factory=set)  # keys of items cut off by max_tokens
     reasoning_tokens: int = 0
+    output_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.parser = StreamableParser(self.encoding, Role.ASSISTANT, strict=False,
@@ -225,7 +226,9 @@ class Turn:
         if self.closed:
             raise StreamClosed("feed() after close(): this output has ended")
         p = self.parser
-        for token in as_token_ids(token_ids, "token_ids"):
+        ids = as_token_ids(token_ids, "token_ids")
+        self.output_tokens += len(ids)
+        for token in ids:
             p.process(token)
             op = self._open
             if op is not None and p.header is op.header and p.state is StreamState.CONTENT:
@@ -483,18 +486,15 @@ class OutputStream:
         self.request = request or {}
         self.id = id or new_id(self.id_prefix)
         self.model = model or self.request.get("model") or "gpt-oss"
-        self.output_tokens = 0
         self.turn = Turn(encoding, declared_names(request))
         self._encoding = encoding
         self._render = render
         self._prompt_tokens = prompt_tokens
         self.started = False
 
-    def events(self, token_ids: Iterable[int]) -> list[Event]:
-        ids = as_token_ids(token_ids, "token_ids")
-        events = self.turn.feed(ids)
-        self.output_tokens += len(ids)
-        return events
+    @property
+    def output_tokens(self) -> int:
+        return self.turn.output_tokens
 
     def prompt_tokens(self) -> int:
         """The request's prompt length (rendered once, when not given)."""

@@ -53,7 +53,6 @@ class Piece:
 
     ids: list[int]
     finish_reason: str | None = None
-    completion_tokens: int | None = None
 
 
 class TextIds:
@@ -226,7 +225,6 @@ class Upstream:
         if not isinstance(choices, list) or not choices:
             raise UpstreamError(502, f"the engine at {engine.url} sent no choices")
         pieces = []
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         for choice in sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
             if not isinstance(choice, dict):
                 raise UpstreamError(502, f"the engine at {engine.url} sent a choice that is not an object")
@@ -236,8 +234,7 @@ class Upstream:
                 if not isinstance(text, str):
                     raise UpstreamError(502, f"the engine at {engine.url} sent a choice with no text or ids")
                 ids = TextIds(encoding).feed(text, final=True)
-            pieces.append(Piece(_stop_token(choice, ids), _finish(choice),
-                                usage.get("completion_tokens") if len(choices) == 1 else None))
+            pieces.append(Piece(_stop_token(choice, ids), _finish(choice)))
         return pieces, data
 
     async def stream(self, body: dict[str, Any],
@@ -285,7 +282,6 @@ class Upstream:
             msg = err.get("message") if isinstance(err, dict) else err
             raise UpstreamError(502, f"the engine reported an error mid-stream: {msg}")
         choices = event.get("choices") if isinstance(event, dict) else None
-        usage = event.get("usage") if isinstance(event, dict) else None
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
@@ -296,8 +292,6 @@ class Upstream:
                 ids = text_ids.feed(text if isinstance(text, str) else "", final=reason is not None)
             batch.append(Piece(_stop_token(choice, ids) if reason else ids, reason))
             finished = finished or reason is not None
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            batch.append(Piece([], None, usage["completion_tokens"]))
         return finished
 
     async def _read(self, resp: aiohttp.ClientResponse, engine: Engine) -> bytes:
