@@ -129,3 +129,22 @@ def test_decode_errors(enc: hk.HarmonyEncoding) -> None:
 def test_model_dump_keeps_content() -> None:
     message = hk.Message.from_role_and_content(hk.Role.ASSISTANT, "hello")
     assert json.loads(message.model_dump_json())["content"] == [{"text": "hello"}]
+
+
+def test_trusted_construction_is_what_validation_builds() -> None:
+    """The parser and the mapping build messages without validation; the result must be the
+    validated one in every observable way (and this pydantic must allow the fast path)."""
+    from harmonykit import model
+
+    assert model._check_trusted(), "pydantic lays instances out differently: the fast path is off"
+    for role, name, channel, recipient, ctype in [(hk.Role.ASSISTANT, None, "final", None, None),
+                                                  (hk.Role.TOOL, "functions.f", "commentary", "assistant", None),
+                                                  (hk.Role.ASSISTANT, None, "commentary", "functions.f", "json")]:
+        fast = model.text_message(model.text_author(role, name), "hi", channel, recipient, ctype)
+        slow = hk.Message(author=hk.Author(role=role, name=name), content=[hk.TextContent(text="hi")],
+                          channel=channel, recipient=recipient, content_type=ctype)
+        assert fast == slow and repr(fast) == repr(slow) and fast.to_dict() == slow.to_dict()
+        assert fast.model_dump(exclude_unset=True) == slow.model_dump(exclude_unset=True)
+        fast.author.name = "changed"  # each message owns its author and content
+        fast.content.append(hk.TextContent(text="more"))
+        assert slow.author.name == name and len(slow.content) == 1

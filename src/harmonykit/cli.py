@@ -219,55 +219,37 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
         raise CLIError(f"cannot read {args.input}: no such file")
     in_fmt = pipeline.file_format(args.input, args.format)
     out_fmt = pipeline.file_format(args.output, args.format)
-    options = {"train_on": args.train_on, "cot": args.cot, "jsonl": out_fmt == "jsonl"} \
-        if args.job == "render" else {"tools": args.tool}
+    if args.job == "render":
+        job = pipeline.Job("render", out_fmt, train_on=args.train_on, cot=args.cot,
+                           max_tokens=args.max_tokens, strict=args.strict)
+    else:
+        tools = tuple(args.tool) if args.tool else None
+        job = pipeline.Job("parse", out_fmt, tools=tools, strict=args.strict)
     summary = pipeline.Summary()
-    writer = pipeline.Writer(args.output, out_fmt)
+    writer = pipeline.Writer(args.output, job)
     rejects_path = args.output + ".rejects.jsonl"
     rejects: TextIO | None = None
     tty = sys.stderr.isatty()
     started = last = time.monotonic()
     status = 0
     try:
-        records = pipeline.read_records(args.input, in_fmt)
-        for item in pipeline.run(args.job, records, args.workers, **options):
-            summary.records += 1
-            if isinstance(item, pipeline.Reject):
-                summary.rejected += 1
+        for done in pipeline.run(job, pipeline.read_chunks(args.input, in_fmt), args.workers, writer.spool):
+            summary.add(done)
+            writer.write(done)
+            if done.rejects:
                 if rejects is None:
                     rejects = open(rejects_path, "w", encoding="utf-8")
-                rejects.write(json.dumps(item.to_dict(), ensure_ascii=False, default=str) + "\n")
-                if args.strict:
-                    print(f"harmonykit: error: line {item.line}: {item.error}", file=sys.stderr)
-                    status = 1
-                    break
-                continue
-            row: dict[str, Any]
-            if isinstance(item, pipeline.Rendered):
-                if args.max_tokens and item.tokens > args.max_tokens:
-                    summary.too_long += 1
-                    continue
-                summary.tokens += item.tokens
-                summary.trained_tokens += item.trained
-                if item.text is not None:
-                    writer.write_text(item.text)
-                    summary.written += 1
-                    continue
-                row = item.row()
-            else:
-                row = item[1]
-                summary.repairs.update(r["kind"] for r in row["repairs"])
-                if out_fmt == "parquet":  # nested, ragged: as JSON text in a fixed schema
-                    row = {**row, "messages": json.dumps(row["messages"], ensure_ascii=False),
-                           "repairs": json.dumps(row["repairs"]), "spans": json.dumps(row["spans"]),
-                           "skipped": json.dumps(row["skipped"])}
-            writer.write(row)
-            summary.written += 1
+                rejects.writelines(json.dumps(r.to_dict(), ensure_ascii=False, default=str) + "\n"
+                                   for r in done.rejects)
+            if done.stopped:
+                first = done.rejects[0]
+                print(f"harmonykit: error: line {first.line}: {first.error}", file=sys.stderr)
+                status = 1
+                break
             now = time.monotonic()
             if tty and now - last > 0.2:
                 last = now
-                rate = summary.records / (now - started)
-                print(f"\r{summary.records} records  {rate:,.0f} records/s  "
+                print(f"\r{summary.records} records  {summary.records / (now - started):,.0f} records/s  "
                       f"{summary.tokens / (now - started):,.0f} tokens/s", end="", file=sys.stderr)
     finally:
         writer.close()

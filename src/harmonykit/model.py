@@ -327,3 +327,68 @@ class RenderConversationConfig(BaseModel):
 
 class RenderOptions(BaseModel):
     conversation_has_function_tools: bool = False
+
+
+# -- trusted construction -------------------------------------------------------
+# The parser and the request mapping build millions of text messages from values
+# they have already checked; pydantic's validation is most of their cost there
+# (4.4 µs a message against 1.8 µs). These fill in the instance as validation
+# would; _check_trusted proves that on import and falls back to validation if a
+# pydantic release lays instances out differently.
+
+_new = object.__new__
+_set = object.__setattr__
+_TEXT_FIELDS = frozenset({"text"})
+_MESSAGE_FIELDS = frozenset({"author", "content", "channel", "recipient", "content_type"})
+_AUTHOR_FIELDS = frozenset({"role", "name"})
+
+
+def _fill(obj: BaseModel, values: dict[str, Any], fields: frozenset[str]) -> None:
+    _set(obj, "__dict__", values)
+    _set(obj, "__pydantic_fields_set__", set(fields))
+    _set(obj, "__pydantic_extra__", None)
+    _set(obj, "__pydantic_private__", None)
+
+
+def _trusted_author(role: Role, name: str | None) -> Author:
+    author = _new(Author)
+    _fill(author, {"role": role, "name": name}, _AUTHOR_FIELDS)
+    return author
+
+
+def _trusted_message(author: Author, text: str, channel: str | None, recipient: str | None,
+                     content_type: str | None) -> Message:
+    content = _new(TextContent)
+    _fill(content, {"text": text}, _TEXT_FIELDS)
+    message = _new(Message)
+    _fill(message, {"author": author, "content": [content], "channel": channel, "recipient": recipient,
+                    "content_type": content_type}, _MESSAGE_FIELDS)
+    return message
+
+
+def _validated_author(role: Role, name: str | None) -> Author:
+    return Author(role=role, name=name)
+
+
+def _validated_message(author: Author, text: str, channel: str | None, recipient: str | None,
+                       content_type: str | None) -> Message:
+    return Message(author=author, content=[TextContent(text=text)], channel=channel, recipient=recipient,
+                   content_type=content_type)
+
+
+def _check_trusted() -> bool:
+    try:
+        args = ("hi", "final", "functions.f", "<|constrain|>json")
+        fast = _trusted_message(_trusted_author(Role.TOOL, "x"), *args)
+        slow = _validated_message(_validated_author(Role.TOOL, "x"), *args)
+        return (fast == slow and fast.model_dump() == slow.model_dump()
+                and fast.model_fields_set == slow.model_fields_set and repr(fast) == repr(slow)
+                and fast.model_copy(deep=True) == slow)
+    except Exception:  # any change in pydantic's layout: use validation
+        return False
+
+
+text_author, text_message = ((_trusted_author, _trusted_message) if _check_trusted()
+                             else (_validated_author, _validated_message))
+"""``text_author(role, name)`` and ``text_message(author, text, channel, recipient,
+content_type)``: an Author and a one-text Message from already-checked values."""

@@ -37,6 +37,7 @@ class Renderer:
     def __init__(self, bpe: tiktoken.Encoding) -> None:
         self._encode = bpe.encode_ordinary
         self._pieces: dict[str, list[int]] = {}
+        self._headers: dict[tuple[Role, str | None, str | None, str | None, str | None], list[int]] = {}
 
     def _piece(self, text: str) -> list[int]:
         # Header pieces (roles, channels, recipients) repeat across messages.
@@ -52,23 +53,39 @@ class Renderer:
     ) -> None:
         """Append one message's tokens to ``out``."""
         author = message.author
+        recipient = message.recipient
+        # A message's header (``<|start|>`` to ``<|message|>``) is one of few per dataset.
+        key = (author.role, author.name, recipient, message.channel, message.content_type)
+        header = self._headers.get(key)
+        if header is None:
+            header = self._header(*key)
+            if len(self._headers) < _PIECE_CACHE_LIMIT:
+                self._headers[key] = header
+        out += header
         role = author.role
-        out.append(START)
+        for content in message.content:
+            if type(content) is TextContent:
+                out += self._encode(content.text)
+            else:
+                self._render_content(content, role, has_function_tools, out)
+        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+
+    def _header(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
+                content_type: str | None) -> list[int]:
+        out = [START]
         if role is Role.TOOL:
-            if author.name is None:
+            if name is None:
                 raise HarmonyError("Tools should have a name!")
-            out += self._piece(author.name)
+            out += self._piece(name)
         else:
             out += self._piece(role.value)
-            if author.name is not None:
-                out += self._piece(f":{author.name}")
-        recipient = message.recipient
+            if name is not None:
+                out += self._piece(f":{name}")
         if recipient is not None and recipient != "all":
             out += self._piece(f" to={recipient}")
-        if message.channel is not None:
+        if channel is not None:
             out.append(CHANNEL)
-            out += self._piece(message.channel)
-        content_type = message.content_type
+            out += self._piece(channel)
         if content_type is not None:
             if content_type.startswith(CONSTRAIN_MARKER):
                 out += self._piece(" ")
@@ -79,9 +96,7 @@ class Renderer:
             else:
                 out += self._piece(f" {content_type}")
         out.append(MESSAGE)
-        for content in message.content:
-            self._render_content(content, role, has_function_tools, out)
-        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+        return out
 
     def _render_content(
         self, content: Content, role: Role, has_function_tools: bool, out: list[int]

@@ -22,6 +22,8 @@ from ..model import (
     SystemContent,
     TextContent,
     ToolDescription,
+    text_author,
+    text_message,
 )
 from ..render import analysis_drop_boundary, conversation_has_function_tools
 from ..tokens import CALL, RETURN, START
@@ -171,9 +173,8 @@ def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
 
 def _message(role: Role, text: str, *, name: str | None = None, channel: str | None = None,
              recipient: str | None = None, content_type: str | None = None) -> Message:
-    author = _AUTHORS[role] if name is None else Author(role=role, name=name)
-    return Message(author=author, content=[TextContent(text=text)], channel=channel, recipient=recipient,
-                   content_type=content_type)
+    author = _AUTHORS[role] if name is None else text_author(role, name)
+    return text_message(author, text, channel, recipient, content_type)
 
 
 # One author a role, shared by the messages built here (never changed after): a dataset

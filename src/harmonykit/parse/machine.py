@@ -22,7 +22,7 @@ from typing import Final
 from typing_extensions import Self
 
 from ..errors import HarmonyError
-from ..model import Author, Message, Role, StreamState, TextContent
+from ..model import Message, Role, StreamState, text_author, text_message
 from ..tokens import (
     CALL,
     CHANNEL,
@@ -593,13 +593,8 @@ class Machine:
     # -- bookkeeping -----------------------------------------------------------
 
     def _emit(self, header: Header, text: str, end: int) -> None:
-        message = Message(
-            author=Author(role=header.role, name=header.name),
-            content=[TextContent(text=text)],
-            channel=header.channel,
-            recipient=header.recipient,
-            content_type=header.content_type,
-        )
+        message = text_message(text_author(header.role, header.name), text, header.channel,
+                               header.recipient, header.content_type)
         self._messages.append(message)
         self.spans.append((self._cursor, end))
         self._cursor = end

@@ -1,0 +1,121 @@
+"""The file pipeline behind `harmonykit data`: however a JSONL file is cut into chunks (spans of
+a file, or blocks read from a stream), every line comes once, numbered as a text reader numbers
+it; rejects keep their line numbers across chunks and workers; the spool folder goes away."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harmonykit.data import pipeline
+
+GOOD = json.dumps({"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]})
+
+
+def _expected(data: bytes) -> list[tuple[int, Any]]:
+    """What reading the file as text gives: universal newlines, blank lines skipped, a BOM dropped."""
+    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="replace")
+    out: list[tuple[int, Any]] = []
+    for n, line in enumerate(text, 1):
+        if line.strip(" \t\n\r\x0b\x0c"):
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError:
+                out.append((n, "reject"))
+    return out
+
+
+def _read(path: Path, fmt: str = "jsonl", stream: bool = False) -> list[tuple[int, Any]]:
+    chunks = list(pipeline._jsonl_chunks(str(path)) if stream else pipeline.read_chunks(str(path), fmt))
+    out, before = [], 0
+    for chunk in chunks:
+        done = pipeline.Done()
+        for n, record in pipeline._records(chunk, done):
+            out.append((n + before, "reject" if isinstance(record, pipeline.Reject) else record))
+        before += done.lines
+    return out
+
+
+LINE = st.one_of(st.just(GOOD), st.just('{"a": 1}'), st.just("[1, 2]"), st.just("{broken"), st.just(""),
+                 st.just("   "), st.just('"caf\u00e9 \u2028 line"'), st.just("x" * 40))
+END = st.sampled_from(["\n", "\r\n", "\r"])
+
+
+@st.composite
+def files(draw: st.DrawFn) -> bytes:
+    lines = draw(st.lists(st.tuples(LINE, END), max_size=12))
+    data = "".join(a + b for a, b in lines)
+    if lines and draw(st.booleans()):
+        data = data.rstrip("\r\n")  # no line break at the end
+    return (b"\xef\xbb\xbf" if draw(st.booleans()) else b"") + data.encode()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(files(), st.sampled_from([1, 2, 3, 5, 16, 64, 1 << 19]), st.booleans())
+def test_any_cut_gives_every_line_once_numbered_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      data: bytes, size: int, stream: bool) -> None:
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", size)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    assert _read(path, stream=stream) == _expected(data)
+
+
+def test_a_line_longer_than_a_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", 7)
+    long = json.dumps({"text": "y" * 100})
+    data = f"{GOOD}\n{long}\n\n{long}".encode()
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    assert _read(path) == _read(path, stream=True) == _expected(data)
+    assert [n for n, _ in _read(path)] == [1, 2, 4]
+
+
+def test_not_utf8_reads_as_replacement_characters(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"t": "a\xffb"}\n')
+    assert _read(path) == [(1, {"t": "a\ufffdb"})]
+
+
+def _cli(args: list[str], stdin: bytes | None = None) -> Any:
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "harmonykit", *args], capture_output=True, input=stdin,
+                          timeout=300)
+
+
+def test_rejects_keep_their_line_numbers_across_chunks_and_workers(tmp_path: Path) -> None:
+    # Bad lines every so often in a file of many chunks: each reject names its own line.
+    lines = []
+    for i in range(1, 3001):
+        lines.append("{broken" if i % 500 == 0 else "" if i % 777 == 0 else GOOD)
+    src = tmp_path / "in.jsonl"
+    src.write_text("\r\n".join(lines) + "\r\n", encoding="utf-8")
+    bad = [i for i in range(1, 3001) if i % 500 == 0]
+    for workers, stdin in ((2, False), (1, False), (2, True)):
+        out = tmp_path / f"out{workers}{stdin}.jsonl"
+        args = ["data", "render", "-" if stdin else str(src), "-o", str(out), "--workers", str(workers)]
+        proc = _cli(args, stdin=src.read_bytes() if stdin else None)
+        assert proc.returncode == 0, proc.stderr
+        rejects = (tmp_path / f"{out.name}.rejects.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(r)["line"] for r in rejects] == bad
+        summary = json.loads(proc.stderr.decode().strip().splitlines()[-1])
+        assert summary["written"] == 3000 - len(bad) - 3000 // 777
+        assert out.read_bytes().count(b"\n") == summary["written"]
+        assert not list(tmp_path.glob(".harmonykit-spool-*")), "the spool folder is left behind"
+
+
+def test_strict_stops_at_the_first_bad_line_of_a_later_chunk(tmp_path: Path) -> None:
+    lines = [GOOD] * 2000 + ["{broken"] + [GOOD] * 10
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    proc = _cli(["data", "render", str(src), "-o", str(out), "--workers", "2", "--strict"])
+    assert proc.returncode == 1 and b"line 2001: not JSON" in proc.stderr
+    assert out.read_bytes().count(b"\n") == 2000  # everything before it, nothing after
