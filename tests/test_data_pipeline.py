@@ -119,3 +119,28 @@ def test_strict_stops_at_the_first_bad_line_of_a_later_chunk(tmp_path: Path) -> 
     proc = _cli(["data", "render", str(src), "-o", str(out), "--workers", "2", "--strict"])
     assert proc.returncode == 1 and b"line 2001: not JSON" in proc.stderr
     assert out.read_bytes().count(b"\n") == 2000  # everything before it, nothing after
+
+
+@pytest.mark.parametrize("case", ["input is a folder", "output folder missing", "parquet output folder missing"])
+def test_bad_paths_are_named_without_a_traceback(tmp_path: Path, case: str) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(GOOD + "\n", encoding="utf-8")
+    args = {"input is a folder": [str(tmp_path), "-o", str(tmp_path / "o.jsonl")],
+            "output folder missing": [str(src), "-o", str(tmp_path / "no" / "o.jsonl")],
+            "parquet output folder missing": [str(src), "-o", str(tmp_path / "no" / "o.parquet")]}[case]
+    proc = _cli(["data", "render", *args])
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.startswith("harmonykit: error: ") and (str(tmp_path) in err)
+
+
+def test_parquet_out_with_no_good_rows_is_still_a_parquet_file(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("{broken\n", encoding="utf-8")
+    out = tmp_path / "o.parquet"
+    proc = _cli(["data", "render", str(src), "-o", str(out), "--workers", "2"])
+    assert proc.returncode == 0
+    table = pq.read_table(out)
+    assert table.num_rows == 0 and table.column_names == ["input_ids", "labels", "assistant_mask"]

@@ -208,8 +208,6 @@ def _render_request(enc: HarmonyEncoding, body: Any, kind: str, path: str) -> li
 
 
 def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
-    import time
-
     try:
         from .data import pipeline
     except ImportError as e:  # pragma: no cover - the data extra is missing
@@ -217,6 +215,17 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
                        f"({e.name} is missing)") from None
     if args.input != "-" and not os.path.exists(args.input):
         raise CLIError(f"cannot read {args.input}: no such file")
+    try:
+        return _data(args, pipeline)
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # a folder given as a file, no permission, a full disk, ...
+        raise CLIError(f"{e.filename or args.output}: {e.strerror or e}") from None
+
+
+def _data(args: argparse.Namespace, pipeline: Any) -> int:
+    import time
+
     in_fmt = pipeline.file_format(args.input, args.format)
     out_fmt = pipeline.file_format(args.output, args.format)
     if args.job == "render":

@@ -424,13 +424,18 @@ class Writer:
     def __init__(self, path: str, job: Job) -> None:
         self.path, self.job = path, job
         self.spool: str | None = None
-        if job.out_format == "jsonl":
-            where = os.path.dirname(os.path.abspath(path))
-            self.spool = tempfile.mkdtemp(prefix=".harmonykit-spool-", dir=where)
         self._tables: list[Any] = []
         self._buffered = 0
+        self._file: BinaryIO | None = None
         self._parquet: Any = None
-        self._file: BinaryIO | None = open(path, "wb") if job.out_format == "jsonl" else None
+        if job.out_format == "jsonl":
+            self._file = open(path, "wb")  # first: a bad path is named as given
+            folder = os.path.dirname(os.path.abspath(path))
+            self.spool = tempfile.mkdtemp(prefix=".harmonykit-spool-", dir=folder)
+        else:
+            import pyarrow.parquet as pq
+
+            self._parquet = pq.ParquetWriter(path, schema(job))
 
     def write(self, done: Done) -> None:
         if done.spooled is not None:
@@ -446,12 +451,9 @@ class Writer:
                 self._flush()
 
     def _flush(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if self._parquet is None:
-            self._parquet = pq.ParquetWriter(self.path, schema(self.job))
         if self._tables:
+            import pyarrow as pa
+
             self._parquet.write_table(pa.concat_tables(self._tables))
         self._tables, self._buffered = [], 0
 
@@ -460,6 +462,6 @@ class Writer:
             shutil.rmtree(self.spool, ignore_errors=True)
         if self._file is not None:
             self._file.close()
-            return
-        self._flush()  # no rows at all: still a valid file, with the job's schema
-        self._parquet.close()
+        else:  # with no rows at all, still a valid file with the job's schema
+            self._flush()
+            self._parquet.close()
