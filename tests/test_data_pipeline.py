@@ -144,3 +144,33 @@ def test_parquet_out_with_no_good_rows_is_still_a_parquet_file(tmp_path: Path) -
     assert proc.returncode == 0
     table = pq.read_table(out)
     assert table.num_rows == 0 and table.column_names == ["input_ids", "labels", "assistant_mask"]
+
+
+def test_progress_on_a_terminal_and_none_when_piped(tmp_path: Path) -> None:
+    import os
+    import pty
+    import subprocess
+
+    src = tmp_path / "in.jsonl"
+    src.write_text((GOOD + "\n") * 50, encoding="utf-8")
+    args = [sys.executable, "-m", "harmonykit", "data", "render", str(src), "-o", str(tmp_path / "o.jsonl")]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                piece = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not piece:
+                break
+            seen += piece
+        assert proc.wait(timeout=120) == 0
+    finally:
+        os.close(master)
+    text = seen.decode()
+    assert "\r50 records" in text and "records/s" in text and "tokens/s" in text, text
+    piped = _cli(["data", "render", str(src), "-o", str(tmp_path / "p.jsonl")]).stderr.decode()
+    assert "records/s" not in piped.replace("records_per_second", "") and "\r" not in piped

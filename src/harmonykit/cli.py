@@ -258,13 +258,13 @@ def _data(args: argparse.Namespace, pipeline: Any) -> int:
             now = time.monotonic()
             if tty and now - last > 0.2:
                 last = now
-                print(f"\r{summary.records} records  {summary.records / (now - started):,.0f} records/s  "
-                      f"{summary.tokens / (now - started):,.0f} tokens/s", end="", file=sys.stderr)
+                _progress(summary, now - started)
     finally:
         writer.close()
         if rejects is not None:
             rejects.close()
-    if tty:
+    if tty:  # the last state stays on the terminal, however short the run
+        _progress(summary, time.monotonic() - started)
         print(file=sys.stderr)
     seconds = max(time.monotonic() - started, 1e-9)
     report = summary.to_dict() | {"seconds": round(seconds, 3),
@@ -273,6 +273,12 @@ def _data(args: argparse.Namespace, pipeline: Any) -> int:
         report["rejects"] = rejects_path
     print(json.dumps(report), file=sys.stderr)
     return status
+
+
+def _progress(summary: Any, seconds: float) -> None:
+    seconds = max(seconds, 1e-9)
+    print(f"\r{summary.records:,} records  {summary.records / seconds:,.0f} records/s  "
+          f"{summary.tokens / seconds:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
