@@ -242,6 +242,22 @@ def test_every_repair_kind_is_documented() -> None:
     assert documented == set(hk.REPAIR_KINDS)
 
 
+def test_recovery_rules_are_registered_data() -> None:
+    """The header rules run from one list, each named once with the repair kinds it may
+    report (the reading asserts it reports no other); a rule with an undocumented kind is
+    refused when it registers."""
+    from harmonykit.parse import rules
+
+    names = [r.name for r in rules.RULES]
+    assert len(names) == len(set(names)) and names[0] == "role" and names[-1] == "stray_markers"
+    assert all(set(r.kinds) <= set(hk.REPAIR_KINDS) for r in rules.RULES)
+    with pytest.raises(ValueError, match="undocumented repair kinds"):
+        rules.rule("made_up_kind")
+    assert len(rules.RULES) == len(names)
+    header_kinds = {k for r in rules.RULES for k in r.kinds}
+    assert {"unknown_role", "recipient_with_spaces", "self_recipient", "content_type_glued"} <= header_kinds
+
+
 def _text_from_span(enc: hk.HarmonyEncoding, tokens: list[int], result: hk.ParseResult) -> None:
     """Every character of a message's text comes from a token inside its span (whitespace
     and U+FFFD aside: repairs join words and replace bad bytes)."""

@@ -46,12 +46,12 @@ from .header import (
     fix_lone_constrain,
     has_control_text,
     parse_reference,
-    resolve,
     rust_debug,
     sound_header,
     split_stripped_markup,
 )
 from .result import ParseResult, Repair
+from .rules import resolve
 
 REPLACEMENT: Final = "\ufffd"
 _WORDISH: Final = re.compile(r"\w\w|[^\W\d_]")  # two word characters, or one letter
