@@ -39,6 +39,8 @@ class ReasoningEffort(str, Enum):
 
 
 class StreamState(Enum):
+    __hash__ = object.__hash__  # members are singletons; the parser looks its table up by state
+
     EXPECT_START = "ExpectStart"
     HEADER = "Header"
     CONTENT = "Content"

@@ -129,6 +129,8 @@ def special_positions(tokens: Iterable[int], argument: str = "tokens") -> tuple[
         ids = as_token_ids(tokens, argument)
         return ids, [i for i, t in enumerate(ids) if not 0 <= t < STARTOFTEXT]
     raw = packed.tobytes()
-    hits = {m.start() for m in _HIGH.finditer(raw[_B2::4])}
-    hits.update(m.start() for m in _NONZERO.finditer(raw[_B3::4]))
-    return ids, [i for i in sorted(hits) if ids[i] >= STARTOFTEXT]
+    top = raw[_B3::4]
+    hits = [m.start() for m in _HIGH.finditer(raw[_B2::4])]  # in order
+    if top.count(0) != len(top):  # ids of 2**24 and more (none in a well-formed completion)
+        hits = sorted({*hits, *(m.start() for m in _NONZERO.finditer(top))})
+    return ids, [i for i in hits if ids[i] >= STARTOFTEXT]

@@ -60,6 +60,8 @@ _WORDISH: Final = re.compile(r"\w\w|[^\W\d_]")  # two word characters, or one le
 class Kind(Enum):
     """What a token is, as far as the grammar cares."""
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python per lookup
+
     TEXT = "text"
     START = "start"
     CHANNEL = "channel"
@@ -170,7 +172,7 @@ class Machine:
         self._encode_text = encode_text
         self.strict = strict
         self.tools = tools
-        self._table = STRICT if strict else TOLERANT
+        self._table = _STRICT_ACTIONS if strict else _TOLERANT_ACTIONS
         self._default_role = role or Role.ASSISTANT
         self.next_role: Role | None = role
         self.state: StreamState = S.HEADER if role is not None else S.EXPECT_START
@@ -216,8 +218,7 @@ class Machine:
         if type(token) is not int:
             token = token_id(token, f"token {index}")
         self._tokens.append(token)
-        action = self._table[self.state][kind_of(token)]
-        getattr(self, "_" + action)(token, index)
+        self._table[self.state][kind_of(token)](self, token, index)
         self._plain_body = self.state is S.CONTENT and not self.pending and not self._poisoned
         return self
 
@@ -621,3 +622,16 @@ class Machine:
             stop=self.stop,
             complete=not self.open_at_end,
         )
+
+
+_Action = Callable[[Machine, int, int], None]
+
+
+def _compile(table: dict[StreamState, dict[Kind, str]]) -> dict[StreamState, dict[Kind, _Action]]:
+    """A table of action names as the methods they name (looked up once, not per token)."""
+    return {state: {kind: getattr(Machine, "_" + action) for kind, action in row.items()}
+            for state, row in table.items()}
+
+
+_STRICT_ACTIONS: Final = _compile(STRICT)
+_TOLERANT_ACTIONS: Final = _compile(TOLERANT)
