@@ -303,3 +303,38 @@ def test_mutations_text_from_span_and_no_markup(case: tuple[list[int], hk.Role |
     _text_from_span(_ENC, tokens, result)
     _no_control_text(result)
     assert [(r.start, r.end) for r in result.repairs] == sorted((r.start, r.end) for r in result.repairs)
+
+
+def _cold(result: Any) -> Any:
+    return [m.to_dict() for m in result.messages], result.spans, result.skipped, \
+        [(r.kind, r.start, r.end, r.detail) for r in result.repairs], result.stop, result.complete
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(_ENC), st.sampled_from([None, ["get_weather"]]))
+def test_the_header_cache_changes_nothing(case: tuple[list[int], hk.Role | None], tools: list[str] | None) -> None:
+    """Headers read well are kept per encoding: a parse with them kept (after a strict parse of
+    the same tokens, then a tolerant one) equals a parse with none kept."""
+    tokens, role = case
+    cache = _ENC._header_cache
+    saved = dict(cache)
+    try:
+        cache.clear()
+        cold = _cold(_ENC.parse_completion(tokens, role, tools=tools))
+        try:
+            _ENC.parse_messages_from_completion_tokens(tokens, role)  # fills the strict entries
+        except hk.HarmonyError:
+            pass
+        _ENC.parse_completion(tokens, role, tools=tools)
+        assert _cold(_ENC.parse_completion(tokens, role, tools=tools)) == cold
+    finally:
+        cache.clear()
+        cache.update(saved)
+
+
+def test_a_header_strict_accepts_is_still_repaired_when_tolerant() -> None:
+    tokens = _ENC.encode("<|channel|>final?<|message|>Hi<|end|>", allowed_special="all")
+    assert _ENC.parse_messages_from_completion_tokens(tokens, hk.Role.ASSISTANT)[0].channel == "final?"
+    for _ in range(2):  # the strict reading is kept for strict parses only
+        result = _ENC.parse_completion(tokens)
+        assert result.messages[0].channel == "final" and [r.kind for r in result.repairs] == ["channel_repaired"]

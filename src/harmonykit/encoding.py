@@ -20,7 +20,7 @@ from .model import (
     RenderOptions,
     Role,
 )
-from .parse.machine import Machine, check_role, check_tools
+from .parse.machine import HeaderCache, Machine, check_role, check_tools
 from .parse.result import ParseResult
 from .render import Renderer
 from .tokens import (
@@ -80,6 +80,7 @@ class HarmonyEncoding:
         self._bpe = bpe
         self._renderer = Renderer(bpe)
         self._str_cache: dict[int, str] = {}
+        self._header_cache: HeaderCache = {}
         self._decode_single = bpe.decode_single_token_bytes
         self._bytes_cache: dict[int, bytes] = {}
 
@@ -226,9 +227,11 @@ class HarmonyEncoding:
     def _machine_io(
         self,
     ) -> tuple[Callable[[int], bytes], dict[int, str], Callable[[Sequence[int]], bytes],
-               Callable[[str], list[int]]]:
-        """What the parser needs of the vocabulary: token bytes, their text, run decoding, encoding."""
-        return self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._bpe.encode_ordinary
+               Callable[[str], list[int]], HeaderCache]:
+        """What the parser needs of the vocabulary: token bytes, their text, run decoding,
+        encoding, and the well-formed headers read so far."""
+        return (self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._bpe.encode_ordinary,
+                self._header_cache)
 
     def _machine(
         self, role: Role | None, *, strict: bool, tools: Iterable[str] | None = None

@@ -55,8 +55,10 @@ class HeaderError(Exception):
     """A header the reference rejects; the text is the reference's."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Header:
+    """A message header as read; shared by the messages that repeat it, so never changed."""
+
     role: Role
     name: str | None = None
     recipient: str | None = None
@@ -168,7 +170,7 @@ def fix_lone_constrain(header: Header) -> Header:
     it is the content type (as later reference versions read it)."""
     if header.recipient is not None and header.recipient.startswith(CONSTRAIN_MARKER) \
             and header.content_type is None:
-        header.content_type, header.recipient = header.recipient, None
+        return Header(header.role, header.name, None, header.channel, header.recipient)
     return header
 
 

@@ -72,6 +72,9 @@ class Kind(Enum):
     INVALID = "invalid"  # not an id of the vocabulary
 
 
+HeaderCache = dict[tuple[tuple[int, ...], Role | None, frozenset[str] | None, bool], Header]
+HEADER_CACHE_LIMIT: Final = 4096  # headers kept per encoding (then read each time)
+
 _SPECIAL_KINDS: Final = {
     START: Kind.START,
     CHANNEL: Kind.CHANNEL,
@@ -161,6 +164,7 @@ class Machine:
         str_cache: dict[int, str],
         decode_run: Callable[[Sequence[int]], bytes],
         encode_text: Callable[[str], list[int]],
+        header_cache: HeaderCache,
         role: Role | None,
         *,
         strict: bool = True,
@@ -170,6 +174,7 @@ class Machine:
         self._str_cache = str_cache
         self._decode_run = decode_run
         self._encode_text = encode_text
+        self._header_cache = header_cache
         self.strict = strict
         self.tools = tools
         self._table = _STRICT_ACTIONS if strict else _TOLERANT_ACTIONS
@@ -328,10 +333,16 @@ class Machine:
 
     def _close_header(self, token: int, index: int) -> None:
         start = index - len(self.header_tokens)
-        if self.strict:
-            header = self._strict_header(start, index)
-        else:
-            header = self._tolerant_header(start, index)
+        # A rollout's headers are a handful, repeated: one read well is not read again.
+        key = (tuple(self.header_tokens), self.next_role, self.tools, self.strict)
+        header = self._header_cache.get(key)
+        if header is None:
+            if self.strict:
+                header, sound = self._strict_header(start, index), True
+            else:
+                header, sound = self._tolerant_header(start, index)
+            if sound and len(self._header_cache) < HEADER_CACHE_LIMIT:
+                self._header_cache[key] = header
         self.next_role = None
         self._reset_body(header)
         self.state = S.CONTENT
@@ -375,7 +386,8 @@ class Machine:
                 raise UnicodeDecodeError("utf-8", b"", 0, 0, "invalid token")
         return out.decode("utf-8")
 
-    def _tolerant_header(self, start: int, index: int) -> Header:
+    def _tolerant_header(self, start: int, index: int) -> tuple[Header, bool]:
+        """The header, and whether it was read as the reference reads it, with no repair."""
         if not self._weak:
             # Well-formed headers (nearly all) are read by the reference's rules from the plain
             # decode; the tolerant reading's bookkeeping is built only when that fails.
@@ -387,7 +399,7 @@ class Machine:
             else:
                 header = fix_lone_constrain(header)
                 if remaining is None and sound_header(header, self.tools):
-                    return header
+                    return header, True
         ht = decode_header(self.header_tokens, start, self._token_bytes, self._decode_run)
         if self._weak:
             self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
@@ -412,7 +424,7 @@ class Machine:
                                       max(ht.token_at(res.leftover_end - 1) + 1, start + 1),
                                       f"header words {prose!r} set aside"))
         self.repairs += res.repairs
-        return res.header
+        return res.header, False
 
     def _headerless(self, token: int, index: int) -> None:
         # A stop token ended a header that never reached <|message|>.
