@@ -1,6 +1,6 @@
 """The file pipeline behind `harmonykit data`: however a JSONL file is cut into chunks (spans of
 a file, or blocks read from a stream), every line comes once, numbered as a text reader numbers
-it; rejects keep their line numbers across chunks and workers; the spool folder goes away."""
+it; rejects keep their line numbers across chunks and workers."""
 
 from __future__ import annotations
 
@@ -108,7 +108,6 @@ def test_rejects_keep_their_line_numbers_across_chunks_and_workers(tmp_path: Pat
         summary = json.loads(proc.stderr.decode().strip().splitlines()[-1])
         assert summary["written"] == 3000 - len(bad) - 3000 // 777
         assert out.read_bytes().count(b"\n") == summary["written"]
-        assert not list(tmp_path.glob(".harmonykit-spool-*")), "the spool folder is left behind"
 
 
 def test_strict_stops_at_the_first_bad_line_of_a_later_chunk(tmp_path: Path) -> None:

@@ -242,7 +242,7 @@ def _data(args: argparse.Namespace, pipeline: Any) -> int:
     started = last = time.monotonic()
     status = 0
     try:
-        for done in pipeline.run(job, pipeline.read_chunks(args.input, in_fmt), args.workers, writer.spool):
+        for done in pipeline.run(job, pipeline.read_chunks(args.input, in_fmt), args.workers):
             summary.add(done)
             writer.write(done)
             if done.rejects:

@@ -8,14 +8,10 @@ flight) -> ``Writer``. The CLI only wires files, progress and the summary around
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import itertools
 import json
 import multiprocessing
 import os
-import shutil
-import tempfile
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,7 +53,6 @@ class Job:
     tools: tuple[str, ...] | None = None
     max_tokens: int | None = None
     strict: bool = False  # a chunk stops at its first reject
-    spool: str | None = None  # a folder where workers leave JSONL output for the writer to move
 
 
 @dataclass
@@ -109,7 +104,6 @@ class Done:
     repairs: Counter[str] = field(default_factory=Counter)
     rejects: list[Reject] = field(default_factory=list)
     text: bytes = b""  # JSONL output
-    spooled: str | None = None  # or the file in the spool folder that holds it
     table: Any = None  # a pyarrow.Table, Parquet output
     stopped: bool = False  # strict and a reject: the chunk's later records were not read
 
@@ -315,9 +309,6 @@ def do_chunk(job: Job, chunk: Chunk) -> Done:
     done.written = len(rows)
     if job.out_format == "jsonl":
         done.text = b"".join([_line(row) for row in rows])
-        if job.spool is not None and done.text:
-            done.spooled = _spool(job.spool, done.text)
-            done.text = b""
     elif rows:
         import pyarrow as pa
 
@@ -325,25 +316,11 @@ def do_chunk(job: Job, chunk: Chunk) -> Done:
     return done
 
 
-_spooled = itertools.count()
-
-
-def _spool(folder: str, text: bytes) -> str:
-    # The output moves from worker to file in the kernel (Writer.write), never through the
-    # writing process: through a pipe it was a fifth of that process's time with two workers.
-    path = os.path.join(folder, f"{os.getpid()}-{next(_spooled)}.jsonl")
-    with open(path, "wb") as f:
-        f.write(text)
-    return path
-
-
-def run(job: Job, chunks: Iterable[Chunk], workers: int, spool: str | None = None) -> Iterator[Done]:
+def run(job: Job, chunks: Iterable[Chunk], workers: int) -> Iterator[Done]:
     """Each chunk's results, in input order, rejects numbered by their line in the file. With
     several workers, at most a few chunks per worker are in flight, so memory does not grow
-    with the file; given a ``spool`` folder, they leave JSONL output there (``Done.spooled``)."""
+    with the file."""
     before = 0  # JSONL lines in the chunks before this one
-    if workers > 1 and spool is not None:
-        job = dataclasses.replace(job, spool=spool)
     for done in _run(job, chunks, workers):
         for reject in done.rejects:
             reject.line += before
@@ -377,25 +354,6 @@ def _run(job: Job, chunks: Iterable[Chunk], workers: int) -> Iterator[Done]:
         gc.unfreeze()
 
 
-def _move(path: str, out: BinaryIO) -> None:
-    """Append the file at ``path`` to ``out`` in the kernel where it can, then remove it."""
-    with open(path, "rb") as src:
-        left = os.fstat(src.fileno()).st_size
-        try:
-            while left > 0:
-                copied = os.copy_file_range(src.fileno(), out.fileno(), left)
-                if copied == 0:
-                    break
-                left -= copied
-        except (AttributeError, OSError):  # not Linux, or not between these two files
-            pass
-        if left > 0:
-            src.seek(-left, os.SEEK_END)
-            shutil.copyfileobj(src, out)
-            out.flush()
-    os.unlink(path)
-
-
 def _keep_freed_memory() -> None:
     """Keep freed memory in the process (glibc only; elsewhere nothing to do).
 
@@ -418,31 +376,23 @@ def _keep_freed_memory() -> None:
 
 class Writer:
     """JSONL text or Arrow tables out, written as they come (Parquet in row groups of about
-    ``4 * CHUNK`` rows). ``spool`` is a hidden folder beside a JSONL output where workers
-    can leave their output for it (``run(..., spool=writer.spool)``); removed on close."""
+    ``4 * CHUNK`` rows)."""
 
     def __init__(self, path: str, job: Job) -> None:
         self.path, self.job = path, job
-        self.spool: str | None = None
         self._tables: list[Any] = []
         self._buffered = 0
         self._file: BinaryIO | None = None
         self._parquet: Any = None
         if job.out_format == "jsonl":
-            self._file = open(path, "wb")  # first: a bad path is named as given
-            folder = os.path.dirname(os.path.abspath(path))
-            self.spool = tempfile.mkdtemp(prefix=".harmonykit-spool-", dir=folder)
+            self._file = open(path, "wb")
         else:
             import pyarrow.parquet as pq
 
             self._parquet = pq.ParquetWriter(path, schema(job))
 
     def write(self, done: Done) -> None:
-        if done.spooled is not None:
-            assert self._file is not None
-            self._file.flush()
-            _move(done.spooled, self._file)
-        elif self._file is not None:
+        if self._file is not None:
             self._file.write(done.text)
         elif done.table is not None:
             self._tables.append(done.table)
@@ -458,8 +408,6 @@ class Writer:
         self._tables, self._buffered = [], 0
 
     def close(self) -> None:
-        if self.spool is not None:
-            shutil.rmtree(self.spool, ignore_errors=True)
         if self._file is not None:
             self._file.close()
         else:  # with no rows at all, still a valid file with the job's schema
