@@ -73,28 +73,32 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
     drop = analysis_drop_boundary(messages[:turn] if cot == "inference" else messages, None)
     render = encoding._renderer.render_message
     tokens = list(head.tokens)
-    spans: list[tuple[int, int, int]] = []  # (message index, start, end) of rendered messages
+    labels = [IGNORE] * len(tokens)
+    mask = [0] * len(tokens)
+    last = len(messages) - 1
+    previous_assistant = False
     for i in range(first, len(messages)):
         m = messages[i]
         if m.channel == "analysis" and i < drop:
             continue
         start = len(tokens)
         render(m, head.has_tools, tokens)
-        spans.append((i, start, len(tokens)))
-        if m.author.role is Role.ASSISTANT and m.channel == "final" and tokens[-1] == END \
-                and (i >= turn if cot == "inference" else i == len(messages) - 1):
-            tokens[-1] = RETURN  # generation ends there
-    labels = [IGNORE] * len(tokens)
-    mask = [0] * len(tokens)
-    previous_assistant = False
-    for i, start, end in spans:
-        assistant = messages[i].author.role is Role.ASSISTANT
-        if assistant:
+        end = len(tokens)
+        assistant = m.author.role is Role.ASSISTANT
+        if not assistant:
+            labels += [IGNORE] * (end - start)
+            mask += [0] * (end - start)
+        else:
+            generated = i >= turn if cot == "inference" else i == last
+            if m.channel == "final" and tokens[-1] == END and generated:
+                tokens[-1] = RETURN  # generation ends there
             # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
             begin = start if previous_assistant else start + 2
-            mask[begin:end] = [1] * (end - begin)
-            if train_on == "all_assistant" or i >= turn:
-                labels[begin:end] = tokens[begin:end]
+            mask += [0] * (begin - start)
+            mask += [1] * (end - begin)
+            labels += [IGNORE] * (begin - start)
+            trained = train_on == "all_assistant" or i >= turn
+            labels += tokens[begin:end] if trained else [IGNORE] * (end - begin)
         previous_assistant = assistant
     return {"input_ids": tokens, "labels": labels, "assistant_mask": mask}
 
