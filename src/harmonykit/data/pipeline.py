@@ -12,6 +12,7 @@ import gc
 import json
 import multiprocessing
 import os
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -310,10 +311,30 @@ def do_chunk(job: Job, chunk: Chunk) -> Done:
     if job.out_format == "jsonl":
         done.text = b"".join([_line(row) for row in rows])
     elif rows:
-        import pyarrow as pa
-
-        done.table = pa.Table.from_pylist(rows, schema=schema(job))
+        done.table = _table(rows, job)
     return done
+
+
+def _table(rows: list[dict[str, Any]], job: Job) -> Any:
+    """Rows as an Arrow table of the job's schema. Token id lists go in as one flat buffer per
+    column (a tenth of ``Table.from_pylist``'s time, which was more than the rendering's)."""
+    import pyarrow as pa
+
+    sch = schema(job)
+    if job.kind != "render":
+        return pa.Table.from_pylist(rows, schema=sch)
+    ends = array("i", [0])  # the three columns of a row have one length
+    for row in rows:
+        ends.append(ends[-1] + len(row["input_ids"]))
+    offsets = pa.Array.from_buffers(pa.int32(), len(ends), [None, pa.py_buffer(ends)])
+    columns = []
+    for name in sch.names:
+        flat = array("q")
+        for row in rows:
+            flat.extend(row[name])
+        values = pa.Array.from_buffers(pa.int64(), len(flat), [None, pa.py_buffer(flat)])
+        columns.append(pa.ListArray.from_arrays(offsets, values))
+    return pa.Table.from_arrays(columns, schema=sch)
 
 
 def run(job: Job, chunks: Iterable[Chunk], workers: int) -> Iterator[Done]:
@@ -389,7 +410,10 @@ class Writer:
         else:
             import pyarrow.parquet as pq
 
-            self._parquet = pq.ParquetWriter(path, schema(job))
+            # zstd without dictionaries: smaller than the default (snappy with dictionaries) on
+            # token ids, and written in 60% of its time (the writing process is the one that
+            # does not run in parallel)
+            self._parquet = pq.ParquetWriter(path, schema(job), compression="zstd", use_dictionary=False)
 
     def write(self, done: Done) -> None:
         if self._file is not None:
