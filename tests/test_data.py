@@ -223,6 +223,7 @@ def test_cli_parse(tmp_path: Path) -> None:
     proc = _cli(["data", "parse", str(src), "-o", str(tmp_path / "p.jsonl"), "--workers", "1"])
     summary = json.loads(proc.stderr.strip().splitlines()[-1])
     assert summary["written"] == 2 and summary["rejected"] == 1 and summary["repairs"] == {"stray_stop_token": 1}
+    assert summary["tokens"] == len(ENC.encode("<|channel|>final<|message|>4<|end|><|return|>", allowed_special="all")) + 5
 
 
 def test_hugging_face_datasets_map_num_proc_2() -> None:

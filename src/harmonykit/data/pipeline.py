@@ -255,6 +255,8 @@ def _parse(enc: HarmonyEncoding, job: Job, record: Any, done: Done) -> dict[str,
     except (HarmonyError, TypeError, ValueError) as e:
         raise _Rejected(f"completion: {error_text(e)}") from None
     done.repairs.update(r["kind"] for r in row["repairs"])
+    # spans and skipped ranges tile the completion: where the last ends is its length
+    done.tokens += max([end for _, end in row["spans"]] + [end for _, end in row["skipped"]], default=0)
     if job.out_format == "parquet":  # nested, ragged: as JSON text in a fixed schema
         row = {k: json.dumps(v, ensure_ascii=False) if k in _PARSE_JSON_COLUMNS else v
                for k, v in row.items()}
