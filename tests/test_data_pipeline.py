@@ -173,3 +173,27 @@ def test_progress_on_a_terminal_and_none_when_piped(tmp_path: Path) -> None:
     assert "\r50 records" in text and "records/s" in text and "tokens/s" in text, text
     piped = _cli(["data", "render", str(src), "-o", str(tmp_path / "p.jsonl")]).stderr.decode()
     assert "records/s" not in piped.replace("records_per_second", "") and "\r" not in piped
+
+
+def _peak_rss_mb(args: list[str]) -> float:
+    """The largest resident size (MB) of the CLI and the workers it starts."""
+    import subprocess
+
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "harmonykit", *args],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return int(out.stdout) / 1024
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_memory_stays_flat_as_the_file_grows(tmp_path: Path, workers: int) -> None:
+    record = json.dumps({"messages": [{"role": "user", "content": "Tell me a story. " * 40},
+                                      {"role": "assistant", "content": "Once upon a time. " * 40}]})
+    peaks = []
+    for n in (500, 10_000):  # 0.7 MB, then 14 MB of JSONL, rendered to ~30 MB
+        src = tmp_path / f"in{n}.jsonl"
+        src.write_text((record + "\n") * n, encoding="utf-8")
+        peaks.append(_peak_rss_mb(["data", "render", str(src), "-o", str(tmp_path / f"o{n}.jsonl"),
+                                   "--workers", str(workers)]))
+    assert peaks[1] - peaks[0] < 25, f"peak resident size grew from {peaks[0]:.0f} MB to {peaks[1]:.0f} MB"
