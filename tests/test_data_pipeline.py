@@ -197,3 +197,28 @@ def test_memory_stays_flat_as_the_file_grows(tmp_path: Path, workers: int) -> No
         peaks.append(_peak_rss_mb(["data", "render", str(src), "-o", str(tmp_path / f"o{n}.jsonl"),
                                    "--workers", str(workers)]))
     assert peaks[1] - peaks[0] < 25, f"peak resident size grew from {peaks[0]:.0f} MB to {peaks[1]:.0f} MB"
+
+
+class _Counting(io.BytesIO):
+    read_bytes = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        _Counting.read_bytes += len(data)
+        return data
+
+    def readline(self, size: int | None = -1) -> bytes:
+        data = super().readline(size)
+        _Counting.read_bytes += len(data)
+        return data
+
+
+def test_a_huge_line_is_read_once_not_once_per_span() -> None:
+    """Spans inside a line that began before them stop at their own end: reading the file is
+    linear however long its lines (it was quadratic: each span read the rest of the line)."""
+    data = (json.dumps({"t": "x" * 300_000}) + "\n" + GOOD + "\n") * 3
+    spans = [pipeline.Span("-", s, min(s + 1000, len(data))) for s in range(0, len(data), 1000)]
+    _Counting.read_bytes = 0
+    pieces = [span.read_from(_Counting(data.encode())) for span in spans]
+    assert b"".join(pieces) == data.encode()
+    assert _Counting.read_bytes < 2.5 * len(data)

@@ -76,15 +76,25 @@ class Span:
 
     def read(self) -> bytes:
         with open(self.path, "rb") as f:
-            f.seek(max(self.start - 1, 0))
-            if self.start > 0:
-                f.readline()  # the line in progress at start-1 is the previous span's
-            begin = f.tell()
-            if begin >= self.end:
+            return self.read_from(f)
+
+    def read_from(self, f: BinaryIO) -> bytes:
+        """The span's lines from the open file ``f``. Reads its own bytes, plus the rest of its
+        last line: a line longer than many spans is read once in all, by the span it starts in
+        (the others find no line start and stop at their end)."""
+        if self.start == 0:
+            begin, data = 0, f.read(self.end)
+        else:
+            f.seek(self.start - 1)
+            head = f.read(self.end - self.start + 1)
+            cut = head.find(b"\n")  # the line in progress at start-1 is the previous span's
+            if cut == -1:
                 return b""
-            data = f.read(self.end - begin)
-            if not data.endswith(b"\n"):
-                data += f.readline()  # the last line runs past the end
+            begin, data = self.start + cut, head[cut + 1 :]
+        if not data:
+            return b""
+        if not data.endswith(b"\n"):
+            data += f.readline()  # the last line runs past the end
         return data.removeprefix(BOM) if begin == 0 else data
 
 
