@@ -64,10 +64,7 @@ class Renderer:
         out += header
         role = author.role
         for content in message.content:
-            if type(content) is TextContent:
-                out += self._encode(content.text)
-            else:
-                self._render_content(content, role, has_function_tools, out)
+            self._render_content(content, role, has_function_tools, out)
         out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
 
     def _header(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
