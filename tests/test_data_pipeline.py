@@ -222,3 +222,34 @@ def test_a_huge_line_is_read_once_not_once_per_span() -> None:
     pieces = [span.read_from(_Counting(data.encode())) for span in spans]
     assert b"".join(pieces) == data.encode()
     assert _Counting.read_bytes < 2.5 * len(data)
+
+
+def _dies_on_its_second_chunk(job: pipeline.Job, chunk: pipeline.Chunk) -> pipeline.Done:
+    import os
+
+    if isinstance(chunk.data, pipeline.Span) and chunk.data.start > 0:
+        os._exit(9)  # as the out-of-memory killer would end it
+    return pipeline.do_chunk(job, chunk)
+
+
+def test_a_worker_that_dies_ends_the_run_with_an_error_not_a_hang(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    src = tmp_path / "in.jsonl"
+    src.write_text((GOOD + "\n") * 2000, encoding="utf-8")
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(pipeline, "do_chunk", _dies_on_its_second_chunk)  # the forked workers see it
+
+    def hung(*_: Any) -> None:
+        raise TimeoutError("the run hung after its worker died")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        with pytest.raises(pipeline.WorkerDied, match="worker process died"):
+            for _ in pipeline.run(pipeline.Job("render"), pipeline.read_chunks(str(src), "jsonl"), 2):
+                pass
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -217,6 +217,8 @@ def cmd_data(args: argparse.Namespace, out: TextIO) -> int:
         raise CLIError(f"cannot read {args.input}: no such file")
     try:
         return _data(args, pipeline)
+    except pipeline.WorkerDied as e:
+        raise CLIError(str(e)) from None
     except BrokenPipeError:
         raise
     except OSError as e:  # a folder given as a file, no permission, a full disk, ...
