@@ -40,13 +40,13 @@ _RUST_WS_RE = re.compile("[" + re.escape("".join(sorted(RUST_WS))) + "]")
 _HAS_CHANNEL_LETTERS = re.compile(r"(?i)analysis|commentary|final")
 _WORD = re.compile(r"[^ \t\n\x0c\r]+")
 _CHANNEL_END = re.compile("[<" + re.escape("".join(sorted(RUST_WS))) + "]")
-_ROLES = {r.value: r for r in Role}
+ROLES = {r.value: r for r in Role}
 KNOWN_CHANNELS = ("analysis", "commentary", "final")
 _KNOWN_CONTENT_TYPES = frozenset({"json", "code", "text", "python", "markdown", "html", "xml"})
 _MIME = re.compile(r"^[a-z]+/[a-z0-9.+\-]+$")
-_DOUBLED_ROLE = re.compile(r"^(user|assistant|system|developer)\1+$")
-_GLUED_CHANNEL = re.compile(r"^(user|assistant|system|developer)+(analysis|commentary|final)$")
-_TITLE_WORD = re.compile(r"^[A-Z][A-Za-z0-9_\-]*$")
+DOUBLED_ROLE = re.compile(r"^(user|assistant|system|developer)\1+$")
+GLUED_CHANNEL = re.compile(r"^(user|assistant|system|developer)+(analysis|commentary|final)$")
+TITLE_WORD = re.compile(r"^[A-Z][A-Za-z0-9_\-]*$")
 _STRIPPED = re.compile(r"^\s*(analysis|commentary|final)(?=\S)")
 _STRIPPED_SPLIT = re.compile(r"(?:assistant)+(?=(?:analysis|commentary|final))")
 
@@ -134,7 +134,7 @@ def parse_reference(
         if not parts:
             raise HeaderError("message header did not contain a role")
         role_str = parts[0]
-        parsed = _ROLES.get(role_str)
+        parsed = ROLES.get(role_str)
         if parsed is None:
             if len(parts) > 1 or parts[0].startswith("to="):
                 parts.pop(0)
@@ -293,7 +293,7 @@ def decode_header(
 
 
 @dataclass(slots=True)
-class _Word:
+class Word:
     start: int
     end: int
     text: str
@@ -302,7 +302,7 @@ class _Word:
     used: bool = False
 
 
-def _is_content_type(word: str) -> bool:
+def is_content_type(word: str) -> bool:
     return word in _KNOWN_CONTENT_TYPES or bool(_MIME.match(word))
 
 
@@ -311,7 +311,7 @@ def _folded(tools: frozenset[str]) -> frozenset[str]:
     return frozenset(t.casefold() for t in tools)
 
 
-def _tool_match(name: str, tools: frozenset[str] | None) -> bool:
+def tool_match(name: str, tools: frozenset[str] | None) -> bool:
     """Whether ``name`` (with or without ``functions.``, in any case) is a declared tool."""
     if not tools:
         return False
@@ -334,20 +334,20 @@ def plausible_recipient(recipient: str, tools: frozenset[str] | None) -> bool:
     if named_nothing(recipient) or _RUST_WS_RE.search(recipient):
         return False
     if _HAS_CHANNEL_LETTERS.search(recipient) and (
-            junk_channel_word(recipient) or recipient in KNOWN_CHANNELS or _GLUED_CHANNEL.match(recipient)):
+            junk_channel_word(recipient) or recipient in KNOWN_CHANNELS or GLUED_CHANNEL.match(recipient)):
         return False
     if not tools or recipient == "python":
         return True
     if "." in recipient and not recipient.startswith("functions."):
         return True  # a built-in tool: browser.search, container.exec, ...
-    return _tool_match(recipient, tools)
+    return tool_match(recipient, tools)
 
 
 _CHANNEL_NAMES = ("analysis", "commentary", "final")
-_FOLLOWERS = 8  # words kept after "to=" (tool names with spaces) and <|constrain|>
+FOLLOWERS = 8  # words kept after "to=" (tool names with spaces) and <|constrain|>
 
 
-def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
+def header_words(text: str) -> tuple[list[Word], list[tuple[int, int, str]]]:
     """The words of a header that can be header fields, and its channel values.
 
     Returns (words, channels): channels are (start, end, value) per <|channel|>.
@@ -357,13 +357,13 @@ def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
     after them, words holding a channel name, content-type words, and the last
     plain word. Keeping a header of a million words as objects would be slow.
     """
-    words: list[_Word] = []
+    words: list[Word] = []
     channels: list[tuple[int, int, str]] = []
     pos = 0
     section = 0
     n = 0
     follow = 0
-    last_plain: _Word | None = None
+    last_plain: Word | None = None
     while True:
         idx = text.find(CHANNEL_MARKER, pos)
         chunk_end = idx if idx != -1 else len(text)
@@ -378,12 +378,12 @@ def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
             for sub in pieces:
                 if not sub:
                     continue
-                word = _Word(s, s + len(sub), sub, section, n)
+                word = Word(s, s + len(sub), sub, section, n)
                 marker = sub.startswith(("to=", CONSTRAIN_MARKER))
-                if marker or follow or n < 2 or _is_content_type(sub) \
+                if marker or follow or n < 2 or is_content_type(sub) \
                         or any(c in sub for c in _CHANNEL_NAMES):
                     words.append(word)
-                    follow = _FOLLOWERS if marker else max(follow - 1, 0)
+                    follow = FOLLOWERS if marker else max(follow - 1, 0)
                 else:
                     last_plain = word
                 n += 1
@@ -402,7 +402,7 @@ def _words(text: str) -> tuple[list[_Word], list[tuple[int, int, str]]]:
     return words, channels
 
 
-def _leftover(text: str, removed: list[tuple[int, int]]) -> tuple[str, int, int]:
+def leftover_text(text: str, removed: list[tuple[int, int]]) -> tuple[str, int, int]:
     """The text with header fields cut out: one space where a field stood, ends trimmed.
 
     Returns (leftover, start, end): where the leftover begins and ends in ``text``.

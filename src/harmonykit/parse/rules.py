@@ -18,21 +18,21 @@ from dataclasses import dataclass, field
 from ..model import Role
 from ..tokens import CONSTRAIN_MARKER
 from .header import (
-    _DOUBLED_ROLE,
-    _FOLLOWERS,
-    _GLUED_CHANNEL,
-    _ROLES,
-    _TITLE_WORD,
+    DOUBLED_ROLE,
+    FOLLOWERS,
+    GLUED_CHANNEL,
     KNOWN_CHANNELS,
+    ROLES,
+    TITLE_WORD,
     Header,
     HeaderText,
-    _is_content_type,
-    _leftover,
-    _tool_match,
-    _Word,
-    _words,
+    Word,
+    header_words,
+    is_content_type,
+    leftover_text,
     named_nothing,
     repair_channel,
+    tool_match,
 )
 from .result import REPAIR_KINDS, Repair
 
@@ -60,7 +60,7 @@ class Reading:
     default_role: Role
     tools: frozenset[str] | None
     with_body: bool  # the header reached <|message|>
-    words: list[_Word] = field(default_factory=list)
+    words: list[Word] = field(default_factory=list)
     channel_values: list[tuple[int, int, str]] = field(default_factory=list)  # after each <|channel|>
     repairs: list[Repair] = field(default_factory=list)
     role: Role = Role.ASSISTANT
@@ -68,7 +68,7 @@ class Reading:
     channel_candidates: list[Field] = field(default_factory=list)
     recipients: list[Field] = field(default_factory=list)
     content_types: list[Field] = field(default_factory=list)
-    stray_channels: list[_Word] = field(default_factory=list)
+    stray_channels: list[Word] = field(default_factory=list)
     had_channel: bool = False  # a channel was named before the stray channel words were read
     channel: str | None = None
     recipient: str | None = None
@@ -126,12 +126,12 @@ def resolve(
     """Read a header tolerantly: never fails, names each repair. ``with_body``: the header
     reached <|message|>."""
     r = Reading(ht, role_hint, default_role, tools, with_body)
-    r.words, r.channel_values = _words(ht.text)
+    r.words, r.channel_values = header_words(ht.text)
     for each in RULES:
         r.rule = each
         each.apply(r)
     r.rule = None
-    leftover, left_start, left_end = _leftover(r.text, r.removed)
+    leftover, left_start, left_end = leftover_text(r.text, r.removed)
     res = Resolution(Header(r.role, r.name, r.recipient, r.channel, r.content_type), leftover,
                      leftover_start=left_start, leftover_end=left_end, repairs=r.repairs)
     res.fields_start = min([s for _, s, _ in r.recipients + r.content_types], default=len(r.text))
@@ -161,12 +161,12 @@ def _role(r: Reading) -> None:
         # the other markers no field took), the rest may be the role.
         first.start += len(CONSTRAIN_MARKER)
         first.text = first.text[len(CONSTRAIN_MARKER) :]
-    exact = _ROLES.get(first.text)
+    exact = ROLES.get(first.text)
     nxt = words[1] if len(words) > 1 and words[1].n == 1 else None
     if exact is not None:
         r.role, first.used = exact, True
     elif _take_role_word(r, first):
-        r.role = _ROLES[re.match(r"(user|assistant|system|developer)", first.text).group()]  # type: ignore[union-attr]
+        r.role = ROLES[re.match(r"(user|assistant|system|developer)", first.text).group()]  # type: ignore[union-attr]
     elif "<|" not in first.text and ("." in first.text or (nxt is not None and nxt.text.startswith("to="))):
         r.role, r.name, first.used = Role.TOOL, first.text, True
     else:
@@ -175,18 +175,18 @@ def _role(r: Reading) -> None:
               f"{first.text!r} is not a role; {r.default_role.value} assumed")
 
 
-def _take_role_word(r: Reading, first: _Word) -> bool:
+def _take_role_word(r: Reading, first: Word) -> bool:
     """Consume the role word (or a doubled or channel-glued form of it)."""
     role = r.role_hint
     if role is not None and first.text == role.value:
         first.used = True
         return True
-    m = _DOUBLED_ROLE.match(first.text)
+    m = DOUBLED_ROLE.match(first.text)
     if m and (role is None or m.group(1) == role.value):
         first.used = True
         r.rep("doubled_role", first.start, first.end, f"role word {first.text!r} read as {m.group(1)!r}")
         return True
-    m = _GLUED_CHANNEL.match(first.text)
+    m = GLUED_CHANNEL.match(first.text)
     if m and (role is None or first.text.startswith(role.value)):
         first.used = True
         r.channel_candidates.append((m.group(2), first.start, first.end))
@@ -240,10 +240,10 @@ def _recipients(r: Reading) -> None:
         r.recipients.append((value, w.start, end))
 
 
-def _spaced_name(words: list[_Word], j: int, section: int, value: str, tools: frozenset[str] | None) -> int:
+def _spaced_name(words: list[Word], j: int, section: int, value: str, tools: frozenset[str] | None) -> int:
     """How many words after ``to=value`` belong to a recipient name with spaces."""
     run: list[str] = []
-    for k in range(j, min(len(words), j + _FOLLOWERS)):
+    for k in range(j, min(len(words), j + FOLLOWERS)):
         w = words[k]
         if w.used or w.section != section or w.text.startswith(("to=", CONSTRAIN_MARKER)) \
                 or w.n != words[j].n + len(run):
@@ -251,14 +251,14 @@ def _spaced_name(words: list[_Word], j: int, section: int, value: str, tools: fr
         run.append(w.text)
     if tools:
         for n in range(len(run), 0, -1):
-            if _tool_match(" ".join([value, *run[:n]]), tools):
+            if tool_match(" ".join([value, *run[:n]]), tools):
                 return n
         return 0
-    if _tool_match(value, tools) or "." in value:
+    if tool_match(value, tools) or "." in value:
         return 0
     n = 0
     for word in run:
-        if not _TITLE_WORD.match(word):
+        if not TITLE_WORD.match(word):
             break
         n += 1
     return n
@@ -291,7 +291,7 @@ def _bare_content_type(r: Reading) -> None:
     if not r.with_body or r.content_types:
         return
     rest = [w for w in r.words if not w.used]
-    if rest and _is_content_type(rest[-1].text) and (r.recipients or rest[-1].section > 0):
+    if rest and is_content_type(rest[-1].text) and (r.recipients or rest[-1].section > 0):
         last = rest[-1]
         last.used = True
         r.content_types.append((last.text, last.start, last.end))
@@ -360,7 +360,7 @@ def _pick_recipient(r: Reading) -> None:
     values = [v for v, _, _ in r.recipients if not named_nothing(v)]
     if not values:
         return
-    chosen = next((v for v in reversed(values) if _tool_match(v, r.tools)), values[-1])
+    chosen = next((v for v in reversed(values) if tool_match(v, r.tools)), values[-1])
     if len(r.recipients) > 1:
         r.rep("duplicate_recipient", r.recipients[0][1], r.recipients[-1][2],
               f"{len(r.recipients)} recipients given; {chosen!r} kept")
@@ -390,11 +390,11 @@ def _self_recipient(r: Reading) -> None:
 def _content_type_glued(r: Reading) -> None:
     """``to=functions.fjson``: a declared tool with its content type glued on."""
     recipient = r.recipient
-    if recipient is None or not r.tools or _tool_match(recipient, r.tools):
+    if recipient is None or not r.tools or tool_match(recipient, r.tools):
         return
     for suffix in ("json", "code"):
         stem = recipient[: -len(suffix)]
-        if recipient.endswith(suffix) and _tool_match(stem, r.tools):
+        if recipient.endswith(suffix) and tool_match(stem, r.tools):
             start, end = r.field_at(r.recipients, recipient)
             r.rep("content_type_glued", start, end,
                   f"{recipient!r} read as recipient {stem!r} with content type {suffix!r}")
