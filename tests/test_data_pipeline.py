@@ -253,3 +253,13 @@ def test_a_worker_that_dies_ends_the_run_with_an_error_not_a_hang(tmp_path: Path
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [("--workers", "0", "must be at least 1, got 0"),
+                                                     ("--max-tokens", "-5", "must be at least 1, got -5"),
+                                                     ("--workers", "two", "expected a whole number")])
+def test_counts_given_on_the_command_line_are_checked(tmp_path: Path, flag: str, value: str, says: str) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(GOOD + "\n", encoding="utf-8")
+    proc = _cli(["data", "render", str(src), "-o", str(tmp_path / "o.jsonl"), flag, value])
+    assert proc.returncode == 2 and f"argument {flag}: {says}" in proc.stderr.decode()

@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-o", "--output", required=True, metavar="OUT", help="JSONL or Parquet (by extension)")
         p.add_argument("--format", choices=["jsonl", "parquet"], help="the format of IN and OUT, whatever "
                                                                      "their extensions")
-        p.add_argument("--workers", type=int, default=os.cpu_count() or 1, metavar="N",
+        p.add_argument("--workers", type=_at_least_one, default=os.cpu_count() or 1, metavar="N",
                        help="worker processes (default: the cores)")
         p.add_argument("--strict", action="store_true", help="stop at the first bad record, exit status 1")
         if job == "render":
@@ -425,11 +425,22 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cot", choices=["inference", "reference"], default="inference",
                            help="inference: as the model sees and writes it (default); reference: the "
                                 "reference's render_conversation_for_training exactly")
-            p.add_argument("--max-tokens", type=int, metavar="N", help="drop (and count) longer examples")
+            p.add_argument("--max-tokens", type=_at_least_one, metavar="N",
+                           help="drop (and count) longer examples")
         else:
             p.add_argument("--tool", action="append", metavar="NAME", help="a declared function name")
         p.set_defaults(func=cmd_data)
     return parser
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
