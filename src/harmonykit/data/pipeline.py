@@ -16,7 +16,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, BinaryIO
 
 import orjson
@@ -101,19 +101,29 @@ class Span:
 
 
 @dataclass
-class Done:
-    """A chunk's results, whole: its output already serialized by the worker (JSONL text or an
-    Arrow table), its counts, its rejects. The process that writes the file only moves these,
-    a few per second, so it takes almost nothing from the workers' cores."""
-
-    lines: int = 0  # a JSONL chunk's lines: ``run`` numbers the next chunk's rejects after them
+class Counts:
+    """What a run counts. Each chunk's (``Done``) add up to the run's (``Summary``)."""
 
     records: int = 0
     written: int = 0
     tokens: int = 0
     trained: int = 0
     too_long: int = 0
+    rejected: int = 0
     repairs: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: Counts) -> None:
+        for f in fields(Counts):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class Done(Counts):
+    """A chunk's results, whole: its output already serialized by the worker (JSONL text or an
+    Arrow table), its counts, its rejects. The process that writes the file only moves these,
+    a few per second, so it takes almost nothing from the workers' cores."""
+
+    lines: int = 0  # a JSONL chunk's lines: ``run`` numbers the next chunk's rejects after them
     rejects: list[Reject] = field(default_factory=list)
     text: bytes = b""  # JSONL output
     table: Any = None  # a pyarrow.Table, Parquet output
@@ -121,27 +131,12 @@ class Done:
 
 
 @dataclass
-class Summary:
-    records: int = 0
-    written: int = 0
-    tokens: int = 0
-    trained_tokens: int = 0
-    rejected: int = 0
-    too_long: int = 0
-    repairs: Counter[str] = field(default_factory=Counter)
-
-    def add(self, done: Done) -> None:
-        self.records += done.records
-        self.written += done.written
-        self.tokens += done.tokens
-        self.trained_tokens += done.trained
-        self.rejected += len(done.rejects)
-        self.too_long += done.too_long
-        self.repairs.update(done.repairs)
+class Summary(Counts):
+    """A run's counts, as the command line reports them."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"records": self.records, "written": self.written, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "rejected": self.rejected,
+                "trained_tokens": self.trained, "rejected": self.rejected,
                 "dropped_too_long": self.too_long, "repairs": dict(sorted(self.repairs.items()))}
 
 
@@ -324,7 +319,7 @@ def do_chunk(job: Job, chunk: Chunk) -> Done:
             continue
         if row is not None:
             rows.append(row)
-    done.written = len(rows)
+    done.written, done.rejected = len(rows), len(done.rejects)
     if job.out_format == "jsonl":
         done.text = b"".join([_line(row) for row in rows])
     elif rows:
