@@ -1,13 +1,15 @@
-"""A scripted engine that speaks OpenAI-compatible ``/v1/completions`` the way vLLM does, and
-servers to run it (and the gateway) for real: uvicorn on 127.0.0.1, a free port, a thread.
+"""A stand-in for SGLang (no CPU build of it installs here): a scripted engine that speaks
+``/v1/completions`` as SGLang 0.5.23's source does (``serving_completions.py``,
+``protocol.py``): ``owned_by: "sglang"`` and ``max_model_len`` in ``/v1/models``,
+``max_tokens`` 16 when none is sent, ``token_ids`` with ``return_token_ids`` (the
+matched stop token kept in them and named in ``matched_stop``), stop strings cut from
+``text`` but not from ``token_ids``. And servers to run it (and the gateway) for real:
+uvicorn on 127.0.0.1, a free port, a thread.
 
 The script is chosen by the last user message of the prompt it receives:
 ``case:ID`` replays a wild case; ``load:N`` answers ``answer N`` token by token;
 ``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
-``reject``). Like vLLM it leaves the stop token out of the output and names it in
-``stop_reason``; with ``token_ids`` off it is text-only (as llama.cpp without
-``return_tokens``), and streams split text inside special tokens and SSE
-frames mid-JSON.
+``reject``). Its streams split SSE frames mid-JSON.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Engine:
     def __init__(self, *, token_ids: bool = True, seed: int = 0, chunk: int | None = None,
                  split_frames: bool = True) -> None:
         self.token_ids = token_ids
+        self.context = 8192
         self.chunk = chunk  # tokens per streamed chunk (None: 1 to 3 at random)
         self.split_frames = split_frames
         self.rng = random.Random(seed)
@@ -54,7 +57,8 @@ class Engine:
             return
         if scope["path"] == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [{"id": "gpt-oss-20b", "object": "model",
-                                                               "owned_by": "test"}]})
+                                                               "owned_by": "sglang",
+                                                               "max_model_len": self.context}]})
             return
         body = b""
         while True:
@@ -105,14 +109,14 @@ class Engine:
             text, finish = "<|channel|>final<|message|>Hello!<|return|>", "stop"
         ids = ENC.encode(text, allowed_special="all")
         stop_reason = None
-        if finish == "stop" and ids and ids[-1] in STOPS:  # vLLM leaves the stop token out
-            stop_reason = ids.pop()
-        limit = req.get("max_tokens")
-        if isinstance(limit, int) and len(ids) > limit:
+        if finish == "stop" and ids and ids[-1] in STOPS:  # kept in the ids, named in matched_stop
+            stop_reason = ids[-1]
+        limit = req.get("max_tokens", 16)  # SGLang's default
+        if len(ids) > limit:
             ids, finish, stop_reason = ids[:limit], "length", None
         if not req.get("stream"):
             choice: dict[str, Any] = {"index": 0, "text": ENC.decode(ids), "finish_reason": finish,
-                                      "stop_reason": stop_reason, "logprobs": None}
+                                      "matched_stop": stop_reason, "logprobs": None}
             if self.token_ids and req.get("return_token_ids"):
                 choice["token_ids"] = ids
             await _json(send, 200, {"id": "cmpl-1", "object": "text_completion", "created": int(time.time()),
@@ -135,7 +139,7 @@ class Engine:
                     raise asyncio.CancelledError
             last = i == len(chunks) - 1
             choice = {"index": 0, "text": piece[0], "logprobs": None,
-                      "finish_reason": finish if last else None, "stop_reason": stop_reason if last else None}
+                      "finish_reason": finish if last else None, "matched_stop": stop_reason if last else None}
             if self.token_ids and req.get("return_token_ids"):
                 choice["token_ids"] = piece[1]
             frame = b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": req["model"],

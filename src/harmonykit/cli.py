@@ -382,8 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"an engine's base URL, e.g. http://127.0.0.1:8001 (repeatable: load-balanced, "
                         f"with health checks and failover) [{env}UPSTREAM, comma-separated]")
     p.add_argument("--upstream-model", metavar="NAME",
-                   help=f"the model name to send upstream (default: the request's model, else the engine's "
-                        f"first) [{env}UPSTREAM_MODEL]")
+                   help=f"the model name to send upstream (default: the request's model when the engine "
+                        f"serves it, else the engine's first) [{env}UPSTREAM_MODEL]")
     p.add_argument("--host", help=f"address to listen on (default 127.0.0.1) [{env}HOST]")
     p.add_argument("--port", type=int, help=f"port to listen on (default 8000) [{env}PORT]")
     p.add_argument("--api-key", metavar="KEY",
@@ -396,7 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"larger request bodies get 413 (default 16 MiB) [{env}MAX_BODY_BYTES]")
     p.add_argument("--guided", choices=["vllm", "sglang", "llamacpp"],
                    help="ask the engine to hold generation to the request's Harmony grammar, so malformed "
-                        f"output cannot happen (docs/grammar.md has each engine's setting) [{env}GUIDED]")
+                        "output cannot happen (vLLM 0.11+ or SGLang; llama.cpp is refused, see "
+                        f"docs/grammar.md) [{env}GUIDED]")
+    p.add_argument("--engine", choices=["vllm", "sglang", "llamacpp"],
+                   help=f"the engine behind --upstream (default: recognised from its /v1/models) "
+                        f"[{env}ENGINE]")
+    p.add_argument("--max-tokens-default", type=int, metavar="N",
+                   help="the output limit sent when the client gives none and the engine does not say its "
+                        f"context length (default 4096) [{env}MAX_TOKENS_DEFAULT]")
     p.add_argument("--log-content", action="store_true",
                    help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
     p.set_defaults(func=cmd_serve)

@@ -152,6 +152,16 @@ def completion_to_chat_completion(
                       "completion_tokens_details": {"reasoning_tokens": reasoning}}}
 
 
+def content_logprobs(encoding: HarmonyEncoding, tokens: Sequence[int],
+                     entries: Sequence[dict[str, Any] | None],
+                     request: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The logprob entries of the tokens whose text is the answer (``content``), in order:
+    what a Chat choice's ``logprobs.content`` holds (``entries[i]`` belongs to ``tokens[i]``)."""
+    stream = ChatCompletionStream(encoding, request=request, prompt_tokens=0)
+    return [entry for chunk in stream.feed_logprobs(tokens, entries) if chunk["choices"]
+            for entry in (chunk["choices"][0].get("logprobs") or {}).get("content") or []]
+
+
 class ChatCompletionStream(OutputStream):
     """``chat.completion.chunk`` payloads for an output streamed token by token.
 
@@ -190,6 +200,23 @@ class ChatCompletionStream(OutputStream):
             self.started = True
             chunks.append(self._chunk({"role": "assistant", "content": ""}))
         return chunks + [self._chunk(d) for d in self._deltas.convert(self.turn.feed(token_ids))]
+
+    def feed_logprobs(self, token_ids: Sequence[int], entries: Sequence[dict[str, Any] | None]
+                      ) -> list[dict[str, Any]]:
+        """``feed``, token by token, with each token's logprob entry (``entries[i]``, a Chat
+        ``logprobs.content`` item) on the chunk where that token's answer text appears.
+        Reasoning and call tokens carry none, as OpenAI's answers show only the answer's."""
+        chunks: list[dict[str, Any]] = []
+        for i, token in enumerate(token_ids):
+            got = self.feed([token])
+            entry = entries[i] if i < len(entries) else None
+            if entry is not None:
+                for chunk in got:
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        chunk["choices"][0]["logprobs"] = {"content": [entry], "refusal": None}
+                        break
+            chunks += got
+        return chunks
 
     def fail(self, message: str, code: str = "upstream_error") -> list[dict[str, Any]]:
         """How the stream ends when the engine fails midway: a last chunk whose

@@ -56,6 +56,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_bias(bias: Any) -> None:
+    if not isinstance(bias, dict):
+        raise RequestError("logit_bias", "logit_bias must be an object of token ids to numbers")
+    for k, v in bias.items():
+        if not (k.isdigit() and int(k) < 201088):
+            raise RequestError("logit_bias", f"logit_bias keys must be token ids (0 to 201087), got {k!r}")
+        if not _number(v) or not -100 <= v <= 100:
+            raise RequestError("logit_bias", f"logit_bias values must be numbers from -100 to 100, got {v!r}")
+
+
 def check_fields(request: Any, kind: str) -> None:
     """Reject unknown fields, wrong types and out-of-range values (``kind``: chat or responses).
 
@@ -83,6 +93,8 @@ def check_fields(request: Any, kind: str) -> None:
                 raise RequestError(key, f"{key} must be an integer from {lo_i} to {hi_i}, got {value!r}")
         elif key in _BOOLS and not isinstance(value, bool):
             raise RequestError(key, f"{key} must be true or false, got {value!r}")
+        elif key == "logit_bias":
+            _check_bias(value)
     if kind == "chat" and not isinstance(request.get("messages"), list):
         raise RequestError("messages", "messages must be a non-empty list")
     if kind == "responses" and not isinstance(request.get("input"), (str, list)):
@@ -105,14 +117,41 @@ def check_fields(request: Any, kind: str) -> None:
 
 
 def sampling(request: dict[str, Any], kind: str) -> dict[str, Any]:
-    """The ``/v1/completions`` fields that carry the request's sampling parameters."""
+    """The request's sampling parameters, by their OpenAI names (and the engine extensions
+    ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``), without the output limit
+    (``output_limit``) or logprobs (``logprobs_wanted``)."""
     out: dict[str, Any] = {}
     for key in ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-                "repetition_penalty", "min_tokens", "stop", "n"):
+                "repetition_penalty", "min_tokens", "stop", "n", "logit_bias"):
         if request.get(key) is not None:
             out[key] = request[key]
-    limit = request.get("max_output_tokens") if kind == "responses" else \
-        request.get("max_completion_tokens", request.get("max_tokens"))
-    if limit is not None:
-        out["max_tokens"] = limit
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
     return out
+
+
+def output_limit(request: dict[str, Any], kind: str) -> int | None:
+    """The client's output limit: ``max_completion_tokens`` / ``max_tokens`` (Chat),
+    ``max_output_tokens`` (Responses); None when it set none."""
+    if kind == "responses":
+        limit = request.get("max_output_tokens")
+    else:
+        limit = request.get("max_completion_tokens", request.get("max_tokens"))
+    return limit if isinstance(limit, int) else None
+
+
+def logprobs_wanted(request: dict[str, Any], kind: str) -> int | None:
+    """How many top logprobs per token the client asked for (0: only the sampled token's);
+    None when it asked for none. Chat: ``logprobs`` with ``top_logprobs``; Responses:
+    ``top_logprobs`` or ``include: ["message.output_text.logprobs"]``."""
+    top = request.get("top_logprobs")
+    if kind == "chat":
+        if request.get("logprobs"):
+            return int(top or 0)
+        if top:
+            raise RequestError("top_logprobs", "top_logprobs needs logprobs: true")
+        return None
+    include = request.get("include") or []
+    if top or (isinstance(include, list) and "message.output_text.logprobs" in include):
+        return int(top or 0)
+    return None

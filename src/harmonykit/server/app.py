@@ -32,11 +32,13 @@ from ..openai import (
     render_chat_request,
     render_responses_request,
 )
-from ..openai.params import check_fields, sampling
-from ..tokens import CALL, RETURN
+from ..openai.chat import content_logprobs
+from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
+from ..openai.stops import OutputEnd
+from .engines import Job, Piece
 from .metrics import Metrics
 from .settings import Settings
-from .upstream import Piece, Upstream, UpstreamError, UpstreamRejected, guided_fields
+from .upstream import ContextExceeded, Upstream, UpstreamError, UpstreamRejected
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -79,12 +81,13 @@ class Gateway:
                  upstream: Upstream | None = None) -> None:
         self.settings = settings
         self.encoding = encoding or load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-        self.upstream = upstream or Upstream(settings.upstream, timeout=settings.upstream_timeout,
-                                             health_interval=settings.health_interval)
+        self.upstream = upstream or Upstream(
+            settings.upstream, timeout=settings.upstream_timeout, health_interval=settings.health_interval,
+            engine=settings.engine, model=settings.upstream_model,
+            max_tokens_default=settings.max_tokens_default, guided=settings.guided is not None)
         self.metrics = Metrics()
         self.active = 0
         self._started = False
-        self._default_model: str | None = None
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send, dict[str, Any]],
                                                         Awaitable[int]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
@@ -134,6 +137,15 @@ class Gateway:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await self.start()
+                # Know the engines before the first request; one that cannot do what the settings
+                # ask (--guided on llama.cpp or an old vLLM) stops the gateway here, saying why.
+                states = await self.upstream.check()
+                problems = [e.problem for e in self.upstream.engines if e.problem]
+                if problems:
+                    await send({"type": "lifespan.startup.failed", "message": "; ".join(problems)})
+                    return
+                for st in states:
+                    log.info("%s", orjson.dumps({"upstream": st}).decode())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.upstream.close()
@@ -190,43 +202,48 @@ class Gateway:
                 check_fields(request, kind)
                 prompt = (render_chat_request if kind == "chat" else render_responses_request)(
                     self.encoding, request)
+                grammar = harmony_grammar(request) if self.settings.guided else None
+                if grammar is None:
+                    _check_tool_choice(request)
+                job = Job(prompt.tokens, sampling(request, kind), output_limit(request, kind),
+                          logprobs_wanted(request, kind), grammar)
             except RequestError as e:
                 raise HTTPError(400, e.message, param=e.param) from None
-            model = await self._model(request)
-            body = {"model": model, "prompt": prompt.tokens, **sampling(request, kind),
-                    "stop_token_ids": [RETURN, CALL], "skip_special_tokens": False,
-                    "spaces_between_special_tokens": False, "return_token_ids": True, "return_tokens": True}
-            if self.settings.guided:
-                try:  # the engine holds generation to the request's grammar
-                    body.update(guided_fields(self.settings.guided, harmony_grammar(request)))
-                except RequestError as e:
-                    raise HTTPError(400, e.message, param=e.param) from None
             info["prompt_tokens"] = len(prompt.tokens)
             self.metrics.tokens.labels("in").inc(len(prompt.tokens))
             if self.settings.log_content:
                 info["request"] = request
             if request.get("stream"):
-                return await self._stream(send, receive, request, prompt, body, kind, info)
-            return await self._whole(send, request, prompt, body, kind, info)
+                return await self._stream(send, receive, request, prompt, job, kind, info)
+            return await self._whole(send, request, prompt, job, kind, info)
         finally:
             self.active -= 1
 
-    async def _whole(self, send: Send, request: dict[str, Any], prompt: Prompt, body: dict[str, Any],
+    async def _whole(self, send: Send, request: dict[str, Any], prompt: Prompt, job: Job,
                      kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
-        pieces, _ = await self._call(self.upstream.complete(body, self.encoding))
+        pieces, _ = await self._call(self.upstream.complete(job, request.get("model"), self.encoding))
         self._latency(info, t0)
-        client_model = request.get("model") or body["model"]
+        client_model = request.get("model") or "gpt-oss"
+        runs = []
+        for p in pieces:
+            end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
+            ids, lps = end.feed(p.ids, p.logprobs)
+            tail, tail_lps = end.finish(ended=p.finish_reason != "length")
+            runs.append((ids + tail, lps + tail_lps, p.finish_reason or "stop"))
         if kind == "chat":
             out = completion_to_chat_completion(
-                self.encoding, [(p.ids, p.finish_reason or "stop") for p in pieces], request=request,
+                self.encoding, [(ids, reason) for ids, _, reason in runs], request=request,
                 model=client_model, prompt_tokens=len(prompt.tokens))
+            if job.logprobs is not None:
+                for choice, (ids, lps, _) in zip(out["choices"], runs, strict=True):
+                    choice["logprobs"] = {"content": content_logprobs(self.encoding, ids, lps, request),
+                                          "refusal": None}
             harmony = [c["harmony"] for c in out["choices"]]
         else:
-            p = pieces[0]
-            out = completion_to_response(self.encoding, p.ids, request=request, model=client_model,
-                                         finish_reason=p.finish_reason or "stop",
-                                         prompt_tokens=len(prompt.tokens))
+            ids, lps, reason = runs[0]
+            out = completion_to_response(self.encoding, ids, request=request, model=client_model,
+                                         finish_reason=reason, prompt_tokens=len(prompt.tokens))
             harmony = [out["harmony"]]
         completion = sum(len(p.ids) for p in pieces)
         self._count(info, completion, harmony)
@@ -234,12 +251,12 @@ class Gateway:
         return 200
 
     async def _stream(self, send: Send, receive: Receive, request: dict[str, Any], prompt: Prompt,
-                      body: dict[str, Any], kind: str, info: dict[str, Any]) -> int:
+                      job: Job, kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
-        batches = await self._call(self.upstream.stream(body, self.encoding))
+        batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
         self._latency(info, t0)
-        client_model = request.get("model") or body["model"]
+        client_model = request.get("model") or "gpt-oss"
         out: ChatCompletionStream | ResponsesStream
         if kind == "chat":
             out = ChatCompletionStream(self.encoding, request=request, model=client_model,
@@ -252,7 +269,8 @@ class Gateway:
         await send({"type": "http.response.body", "more_body": True,
                     "body": b"".join([_frame(e, kind) for e in out.feed([])])})
         self.metrics.streams_open.inc()
-        pump = asyncio.ensure_future(self._pump(send, batches, out, kind, info))
+        end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
+        pump = asyncio.ensure_future(self._pump(send, batches, out, end, kind, info))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -272,16 +290,20 @@ class Gateway:
                 await batches.aclose()
 
     async def _pump(self, send: Send, batches: AsyncGenerator[list[Piece], None],
-                    out: ChatCompletionStream | ResponsesStream, kind: str, info: dict[str, Any]) -> None:
+                    out: ChatCompletionStream | ResponsesStream, end: OutputEnd, kind: str,
+                    info: dict[str, Any]) -> None:
         finish = "stop"
         try:
             async for batch in batches:  # what one network read brought: one write out
                 ids: list[int] = []
+                lps: list[dict[str, Any]] = []
                 for piece in batch:
-                    ids += piece.ids
+                    got, got_lps = end.feed(piece.ids, piece.logprobs)
+                    ids += got
+                    lps += got_lps
                     if piece.finish_reason is not None:
                         finish = piece.finish_reason
-                events = out.feed(ids) if ids else []
+                events = _feed(out, ids, lps) if ids else []
                 if events:
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": b"".join([_frame(e, kind) for e in events])})
@@ -292,7 +314,8 @@ class Gateway:
                         "body": tail + (sse(b"[DONE]") if kind == "chat" else b"")})
             self._count(info, out.output_tokens, [out.turn.extension()])
             return
-        events = out.close(finish)
+        rest, rest_lps = end.finish(ended=finish != "length")
+        events = _feed(out, rest, rest_lps) + out.close(finish)
         tail = b"".join(_frame(e, kind) for e in events) + (sse(b"[DONE]") if kind == "chat" else b"")
         await send({"type": "http.response.body", "more_body": True, "body": tail})
         self._count(info, out.output_tokens, [out.turn.extension()])
@@ -333,20 +356,6 @@ class Gateway:
         except orjson.JSONDecodeError as e:
             raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
 
-    async def _model(self, request: dict[str, Any]) -> str:
-        if self.settings.upstream_model:
-            return self.settings.upstream_model
-        if isinstance(request.get("model"), str) and request["model"]:
-            return str(request["model"])
-        if self._default_model is None:  # the engine's first model, asked once
-            try:
-                data = await self.upstream.models()
-                self._default_model = str(data["data"][0]["id"])
-            except (UpstreamError, UpstreamRejected, KeyError, IndexError, TypeError):
-                raise HTTPError(400, "no model given, and the engine lists none: set 'model' or "
-                                     "--upstream-model", param="model") from None
-        return self._default_model
-
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:
             return await call
@@ -355,6 +364,10 @@ class Gateway:
         except UpstreamRejected as e:
             raise HTTPError(400, f"the engine rejected the request: {e.message}",
                             code="upstream_rejected") from None
+        except ContextExceeded as e:
+            raise HTTPError(400, e.message, param="messages", code="context_length_exceeded") from None
+        except RequestError as e:  # what this engine would refuse, caught before it is called
+            raise HTTPError(400, e.message, param=e.param) from None
 
     def _latency(self, info: dict[str, Any], t0: float) -> None:
         seconds = time.perf_counter() - t0
@@ -374,6 +387,22 @@ class Gateway:
             self.metrics.repairs.labels(kind).inc(count)
         if kinds:
             info["repairs"] = kinds
+
+
+def _check_tool_choice(request: dict[str, Any]) -> None:
+    """Without a grammar nothing can make the model call a tool: say so rather than ignore it."""
+    choice = request.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise RequestError("tool_choice", "tool_choice 'required' or a named function needs guided decoding "
+                                          "to be honoured: start the gateway with --guided vllm or --guided "
+                                          "sglang, or send tool_choice 'auto'")
+
+
+def _feed(out: ChatCompletionStream | ResponsesStream, ids: list[int],
+          lps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if lps and isinstance(out, ChatCompletionStream):
+        return out.feed_logprobs(ids, lps)
+    return out.feed(ids)
 
 
 def _frame(event: dict[str, Any], kind: str) -> bytes:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .engines import PROFILES
+
 ENV_PREFIX = "HARMONYKIT_"
 
 
@@ -29,7 +31,10 @@ class Settings:
     max_body_bytes: int = 16 * 1024 * 1024
     log_content: bool = False
     health_interval: float = 5.0
-    guided: str | None = None  # ask the engine to constrain generation: vllm, sglang or llamacpp
+    guided: str | None = None  # ask the engine to constrain generation: vllm or sglang
+    engine: str | None = None  # vllm, sglang or llamacpp; None: recognised from /v1/models
+    # the limit sent when neither the client nor the engine's context gives one
+    max_tokens_default: int = 4096
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -38,11 +43,15 @@ class Settings:
         for url in self.upstream:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} is not an http(s) URL")
-        for name in ("port", "max_concurrency", "max_body_bytes"):
+        for name in ("port", "max_concurrency", "max_body_bytes", "max_tokens_default"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.guided is not None and self.guided not in ("vllm", "sglang", "llamacpp"):
-            raise ValueError(f"guided must be vllm, sglang or llamacpp, got {self.guided!r}")
+        if self.guided is not None and self.guided not in PROFILES:
+            raise ValueError(f"guided must be vllm or sglang, got {self.guided!r}")
+        if self.guided is not None and PROFILES[self.guided].guided:
+            raise ValueError(f"--guided {self.guided} cannot work: {PROFILES[self.guided].guided}")
+        if self.engine is not None and self.engine not in PROFILES:
+            raise ValueError(f"engine must be one of {', '.join(PROFILES)}, got {self.engine!r}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 
@@ -66,7 +75,7 @@ class Settings:
 
 def _parse(name: str, raw: str) -> Any:
     kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
-             "health_interval": float}
+             "health_interval": float, "max_tokens_default": int}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":

@@ -8,17 +8,18 @@ behind (measured in benchmarks/gateway.py; see encode/httpx#3215).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import orjson
 
 from ..encoding import HarmonyEncoding
-from ..tokens import CALL, RETURN, STOP_TOKEN_SET
+from .engines import PROFILES, Job, ModelInfo, Piece, Profile, model_info, profile_of, vllm_guided_problem
 
 
 class UpstreamError(Exception):
@@ -45,86 +46,41 @@ class Engine:
     url: str
     healthy: bool = True
     checked: float = 0.0
+    profile: Profile | None = None  # known once detected (or forced with --engine)
+    info: ModelInfo | None = None
+    version: str | None = None
+    problem: str | None = None  # why it cannot serve this gateway's settings (--guided)
 
 
-@dataclass
-class Piece:
-    """Output of one upstream event: token ids, and the finish reason once known."""
-
-    ids: list[int]
-    finish_reason: str | None = None
+class GuidedUnsupported(Exception):
+    """--guided was asked of an engine that cannot constrain a Harmony turn (said at startup)."""
 
 
-class TextIds:
-    """Engine text back to token ids, when the engine sends no ids: special tokens written as
-    text are split at chunk boundaries (``<|chan`` + ``nel|>``), so a possible partial one is
-    held back until the next chunk."""
+class ContextExceeded(Exception):
+    """The prompt does not fit the engine's context: a 400 before the engine is called."""
 
-    def __init__(self, encoding: HarmonyEncoding) -> None:
-        self.encoding = encoding
-        self.pending = ""
-
-    def feed(self, text: str, final: bool = False) -> list[int]:
-        text = self.pending + text
-        cut = len(text)
-        if not final:
-            start = text.rfind("<|")
-            if start != -1 and text.find("|>", start) == -1:
-                cut = start
-            elif text.endswith("<"):
-                cut = len(text) - 1
-        self.pending = text[cut:]
-        return self.encoding.encode(text[:cut], allowed_special="all") if cut else []
-
-
-#: How each engine is asked to hold generation to a grammar (llguidance's Lark syntax).
-GUIDED_ENGINES = ("vllm", "sglang", "llamacpp")
-
-
-def guided_fields(engine: str, grammar: str) -> dict[str, Any]:
-    """The ``/v1/completions`` fields that make ``engine`` constrain generation to ``grammar``.
-
-    vLLM (>= 0.10.2, ``--structured-outputs-config.backend guidance``): ``structured_outputs``;
-    SGLang (``--grammar-backend llguidance``): ``ebnf``; llama.cpp server built with
-    llguidance: ``grammar`` with the ``%llguidance {}`` prefix.
-
-    >>> sorted(guided_fields("vllm", "start: x"))
-    ['structured_outputs']
-    """
-    if engine == "vllm":
-        return {"structured_outputs": {"grammar": grammar}}
-    if engine == "sglang":
-        return {"ebnf": grammar}
-    if engine == "llamacpp":
-        return {"grammar": "%llguidance {}\n" + grammar}
-    raise ValueError(f"unknown engine {engine!r} for guided decoding; use one of {', '.join(GUIDED_ENGINES)}")
-
-
-def _choice_ids(choice: dict[str, Any]) -> list[int] | None:
-    for key in ("token_ids", "tokens", "output_ids"):
-        ids = choice.get(key)
-        if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            return ids
-    return None
-
-
-def _stop_token(choice: dict[str, Any], ids: list[int]) -> list[int]:
-    # vLLM names the stop token that ended the output in ``stop_reason`` and leaves it out of
-    # the output: put it back so the parser sees <|call|> or <|return|>.
-    stop = choice.get("stop_reason")
-    if stop in (RETURN, CALL) and not (ids and ids[-1] in STOP_TOKEN_SET):
-        return [*ids, stop]
-    return ids
+    def __init__(self, prompt: int, context: int) -> None:
+        super().__init__(f"This model's maximum context length is {context} tokens; the prompt is "
+                         f"{prompt} tokens, which leaves no room for output. Shorten the messages.")
+        self.message = str(self)
 
 
 class Upstream:
     """A pool of engines: round robin over the healthy ones, failover on connection errors,
-    a background health check that brings engines back."""
+    a background health check that brings engines back. Each engine is recognised once
+    (``/v1/models``, ``/version``) and spoken to as its profile says."""
 
-    def __init__(self, urls: tuple[str, ...], *, timeout: float, health_interval: float = 5.0) -> None:
-        self.engines = [Engine(u.rstrip("/")) for u in urls]
+    def __init__(self, urls: tuple[str, ...], *, timeout: float, health_interval: float = 5.0,
+                 engine: str | None = None, model: str | None = None, max_tokens_default: int = 4096,
+                 guided: bool = False) -> None:
+        self.engines = [Engine(u.rstrip("/"), profile=PROFILES[engine] if engine else None)
+                        for u in urls]
+        self.forced = engine is not None
         self.timeout = timeout
         self.health_interval = health_interval
+        self.model = model
+        self.max_tokens_default = max_tokens_default
+        self.guided = guided
         self._rr = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task[None] | None = None
@@ -161,32 +117,101 @@ class Upstream:
             await self.check()
 
     async def check(self) -> list[dict[str, Any]]:
-        """Ask every engine whether it answers; returns their states."""
+        """Ask every engine whether it answers (and what it is, the first time); returns their states."""
         async def one(engine: Engine) -> None:
             try:
-                timeout = aiohttp.ClientTimeout(total=min(self.timeout, 5.0))
-                async with self.session.get(f"{engine.url}/v1/models", timeout=timeout) as r:
-                    engine.healthy = r.status < 500
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                await self.detect(engine, refresh=True)
+                engine.healthy, engine.problem = True, None
+            except (UpstreamError, UpstreamRejected):
                 engine.healthy = False
+            except GuidedUnsupported as e:
+                engine.healthy, engine.problem = False, str(e)
             engine.checked = time.time()
 
         await asyncio.gather(*(one(e) for e in self.engines))
-        return [{"url": e.url, "healthy": e.healthy} for e in self.engines]
+        return [{"url": e.url, "healthy": e.healthy, "engine": e.profile.name if e.profile else None,
+                 **({"version": e.version} if e.version else {})} for e in self.engines]
 
-    async def _open(self, path: str, body: dict[str, Any] | None) -> tuple[aiohttp.ClientResponse, Engine]:
+    async def detect(self, engine: Engine, *, refresh: bool = False) -> Profile:
+        """What ``engine`` is and serves: its profile, model names and context length."""
+        if engine.profile is not None and engine.info is not None and not refresh:
+            return engine.profile
+        timeout = aiohttp.ClientTimeout(total=min(self.timeout, 10.0))
+        models = await self._get(engine, "/v1/models", timeout)
+        if not isinstance(models, dict):
+            raise UpstreamError(502, f"the engine at {engine.url} listed models that are not an object")
+        if not self.forced and engine.profile is None:
+            version = None
+            if not any(isinstance(c, dict) and c.get("owned_by") for c in models.get("data") or []):
+                with contextlib.suppress(UpstreamError, UpstreamRejected):
+                    version = await self._get(engine, "/version", timeout)
+            engine.profile = profile_of(models, version if isinstance(version, dict) else None)
+        assert engine.profile is not None
+        if engine.profile.name == "vllm" and engine.version is None:
+            with contextlib.suppress(UpstreamError, UpstreamRejected):
+                v = await self._get(engine, "/version", timeout)
+                engine.version = str(v.get("version")) if isinstance(v, dict) else None
+        engine.info = model_info(models, engine.profile)
+        if self.guided:
+            problem = engine.profile.guided or (
+                vllm_guided_problem(engine.version) if engine.profile.name == "vllm" and engine.version
+                else None)
+            if problem:
+                raise GuidedUnsupported(f"--guided cannot work with the engine at {engine.url}: {problem}")
+        return engine.profile
+
+    async def _get(self, engine: Engine, path: str, timeout: aiohttp.ClientTimeout) -> Any:
+        try:
+            async with self.session.get(engine.url + path, timeout=timeout) as r:
+                if r.status >= 400:
+                    raise UpstreamRejected(r.status, f"{path} answered {r.status}")
+                return _json(await r.read(), engine)
+        except asyncio.TimeoutError as e:
+            raise UpstreamError(504, f"the engine at {engine.url} did not answer {path}",
+                                "upstream_timeout") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise UpstreamError(502, f"the engine at {engine.url} did not answer {path}: {e}",
+                                "upstream_unavailable") from e
+
+    def served_model(self, engine: Engine, requested: str | None) -> str:
+        """The model name to send: --upstream-model, else the client's when the engine serves it,
+        else the engine's first."""
+        if self.model:
+            return self.model
+        names = engine.info.names if engine.info else ()
+        if requested and (requested in names or not names):
+            return requested
+        return names[0] if names else (requested or "default")
+
+    def limit(self, engine: Engine, job: Job) -> Job:
+        """The job with a limit that the engine will use: the client's, else the room the context
+        leaves, else --max-tokens-default. A prompt that fills the context is refused here."""
+        context = engine.info.context if engine.info else None
+        if context is not None and len(job.prompt) >= context:
+            raise ContextExceeded(len(job.prompt), context)
+        if job.max_tokens is not None:
+            return job
+        room = context - len(job.prompt) if context is not None else self.max_tokens_default
+        return replace(job, max_tokens=room)
+
+    async def _open(self, job: Job, model: str | None, stream: bool
+                    ) -> tuple[aiohttp.ClientResponse, Engine, Profile]:
         """Send to the first engine that answers; connection failures move on to the next."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(self.timeout, 10.0),
                                         sock_read=self.timeout)
         last: Exception | None = None
         for engine in self._order():
             try:
-                if body is None:
-                    resp = await self.session.get(engine.url + path, timeout=timeout)
-                else:
-                    resp = await self.session.post(engine.url + path, data=orjson.dumps(body),
-                                                   timeout=timeout,
-                                                   headers={"Content-Type": "application/json"})
+                profile = await self.detect(engine)
+            except (UpstreamError, UpstreamRejected, GuidedUnsupported) as e:
+                engine.healthy = False
+                last = e
+                continue
+            profile.check(job)
+            body = profile.body(self.limit(engine, job), self.served_model(engine, model), stream)
+            try:
+                resp = await self.session.post(engine.url + profile.path, data=orjson.dumps(body),
+                                               timeout=timeout, headers={"Content-Type": "application/json"})
             except asyncio.TimeoutError as e:
                 raise UpstreamError(504, f"the engine at {engine.url} did not answer within "
                                          f"{self.timeout:g} s", "upstream_timeout") from e
@@ -202,51 +227,54 @@ class Upstream:
             if resp.status >= 400:
                 text = (await resp.text(errors="replace"))[:1000]
                 resp.release()
+                if resp.status == 404 and engine.info is not None:
+                    engine.info = None  # the served names may have changed: ask again next time
                 raise UpstreamRejected(resp.status, _engine_message(text))
-            return resp, engine
+            return resp, engine, profile
         raise UpstreamError(502, f"no engine answered ({len(self.engines)} tried): {last}",
                             "upstream_unavailable")
 
     async def models(self) -> dict[str, Any]:
-        resp, engine = await self._open("/v1/models", None)
+        last: Exception | None = None
+        for engine in self._order():
+            try:
+                data = await self._get(engine, "/v1/models", aiohttp.ClientTimeout(total=self.timeout))
+            except UpstreamError as e:
+                last = e
+                continue
+            if not isinstance(data, dict):
+                raise UpstreamError(502, f"the engine at {engine.url} listed models that are not an object")
+            return data
+        raise UpstreamError(502, f"no engine answered ({len(self.engines)} tried): {last}",
+                            "upstream_unavailable")
+
+    async def complete(self, job: Job, model: str | None,
+                       encoding: HarmonyEncoding) -> tuple[list[Piece], dict[str, Any]]:
+        """A whole completion: one ``Piece`` per choice, and the engine's response."""
+        resp, engine, profile = await self._open(job, model, stream=False)
         async with resp:
             data = _json(await self._read(resp, engine), engine)
         if not isinstance(data, dict):
-            raise UpstreamError(502, f"the engine at {engine.url} listed models that are not an object")
-        return data
-
-    async def complete(self, body: dict[str, Any],
-                       encoding: HarmonyEncoding) -> tuple[list[Piece], dict[str, Any]]:
-        """A whole completion: one ``Piece`` per choice, and the engine's response."""
-        resp, engine = await self._open("/v1/completions", {**body, "stream": False})
-        async with resp:
-            data = _json(await self._read(resp, engine), engine)
-        choices = data.get("choices") if isinstance(data, dict) else None
+            raise UpstreamError(502, f"the engine at {engine.url} sent something that is not an object")
+        choices = data.get("choices") if profile.streams_choices else [data]
         if not isinstance(choices, list) or not choices:
             raise UpstreamError(502, f"the engine at {engine.url} sent no choices")
         pieces = []
         for choice in sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
             if not isinstance(choice, dict):
                 raise UpstreamError(502, f"the engine at {engine.url} sent a choice that is not an object")
-            ids = _choice_ids(choice)
-            if ids is None:
-                text = choice.get("text")
-                if not isinstance(text, str):
-                    raise UpstreamError(502, f"the engine at {engine.url} sent a choice with no text or ids")
-                ids = TextIds(encoding).feed(text, final=True)
-            pieces.append(Piece(_stop_token(choice, ids), _finish(choice)))
+            pieces.append(profile.read(choice, encoding))
         return pieces, data
 
-    async def stream(self, body: dict[str, Any],
+    async def stream(self, job: Job, model: str | None,
                      encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
         """The completion as it is generated, in batches: the pieces of the events one network
         read brought. Awaiting this opens the request, so a failing engine fails here."""
-        resp, engine = await self._open("/v1/completions", {**body, "stream": True})
-        return self._batches(resp, engine, encoding)
+        resp, engine, profile = await self._open(job, model, stream=True)
+        return self._batches(resp, engine, profile, encoding)
 
-    async def _batches(self, resp: aiohttp.ClientResponse, engine: Engine,
+    async def _batches(self, resp: aiohttp.ClientResponse, engine: Engine, profile: Profile,
                        encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
-        text_ids = TextIds(encoding)
         finished = False
         try:
             async for events in _sse(resp, engine, self.timeout):
@@ -256,10 +284,10 @@ class Upstream:
                     if data == b"[DONE]":
                         done = True
                         break
-                    finished = self._event(data, engine, text_ids, batch) or finished
+                    finished = self._event(data, engine, profile, encoding, batch) or finished
                 if batch:
                     yield batch
-                if done:
+                if done or (finished and not profile.streams_choices):
                     finished = True
                     break
             if not finished:
@@ -273,7 +301,8 @@ class Upstream:
                 resp.close()
 
     @staticmethod
-    def _event(data: bytes, engine: Engine, text_ids: TextIds, batch: list[Piece]) -> bool:
+    def _event(data: bytes, engine: Engine, profile: Profile, encoding: HarmonyEncoding,
+               batch: list[Piece]) -> bool:
         """One event's pieces into ``batch``; True when it finished the output."""
         finished = False
         event = _json(data, engine)
@@ -281,17 +310,15 @@ class Upstream:
             err = event["error"]
             msg = err.get("message") if isinstance(err, dict) else err
             raise UpstreamError(502, f"the engine reported an error mid-stream: {msg}")
-        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(event, dict):
+            return False
+        choices = event.get("choices") if profile.streams_choices else [event]
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
-            ids = _choice_ids(choice)
-            reason = _finish(choice)
-            if ids is None:
-                text = choice.get("text")
-                ids = text_ids.feed(text if isinstance(text, str) else "", final=reason is not None)
-            batch.append(Piece(_stop_token(choice, ids) if reason else ids, reason))
-            finished = finished or reason is not None
+            piece = profile.read(choice, encoding)
+            batch.append(piece)
+            finished = finished or piece.finish_reason is not None
         return finished
 
     async def _read(self, resp: aiohttp.ClientResponse, engine: Engine) -> bytes:
@@ -302,13 +329,6 @@ class Upstream:
                                 "upstream_timeout") from e
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamError(502, f"the engine at {engine.url} broke off: {e}") from e
-
-
-def _finish(choice: dict[str, Any]) -> str | None:
-    reason = choice.get("finish_reason")
-    if reason is None:
-        return None
-    return reason if reason in ("stop", "length", "content_filter") else "stop"
 
 
 def _engine_message(text: str) -> str:
