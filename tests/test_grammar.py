@@ -62,7 +62,7 @@ def turns(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
         parts.append(f"<|channel|>analysis<|message|>{draw(_text)}<|end|>")
     if draw(st.booleans()):
         parts.append(f"<|channel|>commentary<|message|>{draw(_text)}<|end|>")
-    ctype = draw(st.sampled_from(["", " <|constrain|>json", " json"]))
+    ctype = draw(st.sampled_from(["", " <|constrain|>json"]))
     if draw(st.booleans()):
         parts.append(f"<|channel|>final<|message|>{draw(_text)}<|return|>")
     else:
@@ -83,6 +83,19 @@ def turns(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
 def test_accepts_every_well_formed_turn(case: tuple[dict[str, Any], str]) -> None:
     req, text = case
     assert run(HarmonyMatcher(ENC, req), text), text
+
+
+def test_admits_only_what_the_mapping_reads_with_no_repair() -> None:
+    """A bare " json" content type can read as a recipient, and a preamble lands in content in
+    front of a response format's JSON: the grammar admits neither."""
+    req = request([("f", {"type": "object"})])
+    assert not run(HarmonyMatcher(ENC, req), "<|channel|>commentary to=functions.f json<|message|>{}<|call|>")
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    with_format = {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt}
+    assert run(HarmonyMatcher(ENC, with_format), "<|channel|>final <|constrain|>json<|message|>{}<|return|>")
+    assert not run(HarmonyMatcher(ENC, with_format), "<|channel|>final json<|message|>{}<|return|>")
+    assert not run(HarmonyMatcher(ENC, with_format), "<|channel|>commentary<|message|>Sure.<|end|><|start|>assistant"
+                                                      "<|channel|>final <|constrain|>json<|message|>{}<|return|>")
 
 
 @pytest.mark.parametrize("case", WILD, ids=[c["id"] for c in WILD])

@@ -104,7 +104,8 @@ GRAMMARS: PartsCache[str] = PartsCache()
 def harmony_grammar(request: dict[str, Any]) -> str:
     """The llguidance grammar (Lark syntax) that admits exactly the well-formed completions of
     one assistant turn for ``request`` (a Chat Completions or Responses body): an optional
-    ``analysis`` message, an optional ``commentary`` preamble, then a ``final`` answer ending
+    ``analysis`` message, an optional ``commentary`` preamble (none with a response format),
+    then a ``final`` answer ending
     in ``<|return|>`` (its body held to the response format's schema) or a call to a
     declared tool ending in ``<|call|>``, its body held to the tool's parameters.
 
@@ -125,15 +126,19 @@ def _grammar(turn: Turn) -> str:
     answers = (["final"] if turn.final else []) + (["call"] if turn.tools else [])
     if not answers:
         raise RequestError("tool_choice", "the request allows neither an answer nor a call")
+    # A preamble is shown as content: with a response format, content must be the JSON alone.
+    preamble = "(preamble next)? " if turn.answer_schema is None else ""
     lines = [
-        "start: (analysis next)? (preamble next)? answer",
+        f"start: (analysis next)? {preamble}answer",
         "next: <|start|> \"assistant\"",
         f"analysis: <|channel|> \"analysis\" <|message|> {_TEXT} <|end|>",
-        f"preamble: <|channel|> \"commentary\" <|message|> {_TEXT} <|end|>",
         "answer: " + " | ".join(answers),
-        # " <|constrain|>json" or " json": both spellings gpt-oss writes
-        "ctype: (\" \" <|constrain|> \"json\" | \" json\")?",
+        # Only the spelling the parser reads with no repair at any tokenization: a bare " json"
+        # can be split so that it reads as a recipient.
+        "ctype: (\" \" <|constrain|> \"json\")?",
     ]
+    if preamble:
+        lines.insert(3, f"preamble: <|channel|> \"commentary\" <|message|> {_TEXT} <|end|>")
     if turn.final:
         body = f"%json {json.dumps(turn.answer_schema)}" if turn.answer_schema is not None else _TEXT
         ctype = " ctype" if turn.answer_schema is not None else ""

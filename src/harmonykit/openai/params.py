@@ -16,12 +16,13 @@ _COMMON = frozenset({
     "model", "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice",
     "parallel_tool_calls", "user", "metadata", "store", "service_tier", "top_logprobs",
     "prompt_cache_key", "safety_identifier", "seed",
-    # engine extensions that vLLM and SGLang understand, passed through
-    "top_k", "min_p", "repetition_penalty", "min_tokens",
+    # engine extensions that vLLM and SGLang understand, passed through (in Responses too)
+    "top_k", "min_p", "repetition_penalty", "min_tokens", "logit_bias", "stop", "frequency_penalty",
+    "presence_penalty",
 })
 CHAT_FIELDS = _COMMON | {
-    "messages", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "max_tokens",
-    "max_completion_tokens", "n", "response_format", "stop", "reasoning_effort", "modalities",
+    "messages", "logprobs", "max_tokens",
+    "max_completion_tokens", "n", "response_format", "reasoning_effort", "modalities",
     "prediction", "audio", "web_search_options", "verbosity", "functions", "function_call",
 }
 RESPONSES_FIELDS = _COMMON | {

