@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit bench wheel-check clean
+.PHONY: demo test lint typecheck unit engines bench wheel-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# The real engines the tests run against (vLLM CPU, llama.cpp server, a tiny gpt-oss), made once
+# under $$HARMONYKIT_ENGINES (default ~/.cache/harmonykit/engines) and reused after that.
+engines: $(STAMP)
+	$(BIN)/python tests/real/setup.py
+
+unit: $(STAMP) engines
 	$(BIN)/pytest
 
 test: lint typecheck unit
