@@ -11,6 +11,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from harmonykit.vocab import export_vocabulary
@@ -43,3 +44,13 @@ def enc() -> harmonykit.HarmonyEncoding:
 @pytest.fixture(scope="session")
 def ref() -> openai_harmony.HarmonyEncoding:
     return openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Iterator[str]:
+    """A real vLLM (tests/real) with this checkout's plugin on, for the gateway and plugin tests."""
+    from real.servers import install_checkout, vllm_server
+
+    install_checkout()
+    with vllm_server() as url:
+        yield url

@@ -29,7 +29,7 @@ from engine import serving
 from harmonykit.openai import render_chat_request
 from harmonykit.server import Settings, create_app
 from harmonykit.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
-from real.servers import SERVED, llama_server, vllm_server
+from real.servers import SERVED, llama_server
 
 pytestmark = pytest.mark.real_engines
 
@@ -47,12 +47,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 # -- engines and gateways ----------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[str]:
-    with vllm_server() as url:
-        yield url
-
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[str]:

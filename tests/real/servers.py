@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 from real.setup import ROOT
 
@@ -80,6 +81,16 @@ def _process(cmd: list[str], env: dict[str, str], url: str, within: float) -> It
                 proc.wait(10)
 
 
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def install_checkout() -> None:
+    """This checkout of harmonykit into vLLM's venv (editable: its plugin entry point is
+    registered, and vLLM, torch and the rest stay as they are)."""
+    subprocess.run([str(ROOT / "vllm" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                    "--disable-pip-version-check", "-e", str(CHECKOUT)], check=True)
+
+
 @contextlib.contextmanager
 def vllm_server(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """vLLM 0.32 (CPU) serving the tiny gpt-oss as ``tiny-gpt-oss``; yields its base URL."""
@@ -90,7 +101,10 @@ def vllm_server(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     cmd = [str(ROOT / "vllm" / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(MODEL), "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager",
-           "--structured-outputs-config.backend", "guidance", *args]
+           # The default structured-outputs backend ("auto"): the gateway's Lark grammars fall back
+           # to guidance, and vLLM's own chat endpoint keeps its xgrammar structural tags.
+           # gpt-oss as people serve it: vLLM's own Chat and Responses endpoints parse its output
+           "--tool-call-parser", "openai", "--enable-auto-tool-choice", "--reasoning-parser", "openai_gptoss", *args]
     try:
         with _process(cmd, full_env, f"http://127.0.0.1:{port}", 300) as url:
             yield url
