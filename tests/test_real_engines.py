@@ -60,28 +60,29 @@ def llama_special() -> Iterator[str]:
         yield url
 
 
+def _gateway(upstream: str, **settings: Any) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(upstream,), upstream_timeout=120, **settings))) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def gw_vllm(vllm: str) -> Iterator[str]:
-    with serving(create_app(Settings(upstream=(vllm,), upstream_timeout=120))) as url:
-        yield url
+    yield from _gateway(vllm)
 
 
 @pytest.fixture(scope="module")
 def gw_guided(vllm: str) -> Iterator[str]:
-    with serving(create_app(Settings(upstream=(vllm,), upstream_timeout=120, guided="vllm"))) as url:
-        yield url
+    yield from _gateway(vllm, guided="vllm")
 
 
 @pytest.fixture(scope="module")
 def gw_llama(llama: str) -> Iterator[str]:
-    with serving(create_app(Settings(upstream=(llama,), upstream_timeout=120))) as url:
-        yield url
+    yield from _gateway(llama)
 
 
 @pytest.fixture(scope="module")
 def gw_llama_special(llama_special: str) -> Iterator[str]:
-    with serving(create_app(Settings(upstream=(llama_special,), upstream_timeout=120))) as url:
-        yield url
+    yield from _gateway(llama_special)
 
 
 TARGETS = {"vllm": ("gw_vllm", "vllm"), "llama": ("gw_llama", "llama"),

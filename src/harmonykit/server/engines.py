@@ -291,3 +291,20 @@ def vllm_guided_problem(version: str) -> str | None:
     if (major, minor) < (0, 11):
         return f"vLLM {version} ignores structured_outputs (0.11 and later apply it)"
     return None
+
+
+def vllm_guided_caveat(version: str) -> str | None:
+    """What a vLLM version needs at its own startup for a grammar to hold the whole turn.
+
+    >>> vllm_guided_caveat("0.20.1") is not None, vllm_guided_caveat("0.32.0")
+    (True, None)
+    """
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (0, 11) <= (major, minor) < (0, 27):
+        return (f"vLLM {version} applies a grammar only once its reasoning parser sees the final channel: "
+                "start it without --reasoning-parser, or (0.13+) with "
+                "--structured-outputs-config.enable_in_reasoning true")
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
@@ -19,7 +20,19 @@ import aiohttp
 import orjson
 
 from ..encoding import HarmonyEncoding
-from .engines import PROFILES, Job, ModelInfo, Piece, Profile, model_info, profile_of, vllm_guided_problem
+from .engines import (
+    PROFILES,
+    Job,
+    ModelInfo,
+    Piece,
+    Profile,
+    model_info,
+    profile_of,
+    vllm_guided_caveat,
+    vllm_guided_problem,
+)
+
+log = logging.getLogger("harmonykit.server")
 
 
 class UpstreamError(Exception):
@@ -50,6 +63,7 @@ class Engine:
     info: ModelInfo | None = None
     version: str | None = None
     problem: str | None = None  # why it cannot serve this gateway's settings (--guided)
+    warned: bool = False
 
 
 class GuidedUnsupported(Exception):
@@ -158,6 +172,11 @@ class Upstream:
                 else None)
             if problem:
                 raise GuidedUnsupported(f"--guided cannot work with the engine at {engine.url}: {problem}")
+            caveat = vllm_guided_caveat(engine.version) if engine.profile.name == "vllm" and engine.version \
+                else None
+            if caveat and not engine.warned:
+                engine.warned = True
+                log.warning("%s", orjson.dumps({"upstream": engine.url, "warning": caveat}).decode())
         return engine.profile
 
     async def _get(self, engine: Engine, path: str, timeout: aiohttp.ClientTimeout) -> Any:
