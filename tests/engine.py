@@ -93,8 +93,12 @@ class Engine:
             if arg == "reject":
                 await _json(send, 400, {"error": {"message": "This model's maximum context length is 8 tokens"}})
                 return
-            if arg == "slow":
-                await asyncio.sleep(8)
+            if arg == "slow":  # like vLLM's and SGLang's routes, a client that leaves aborts the request
+                gone = asyncio.ensure_future(_gone(receive))
+                done, _ = await asyncio.wait({gone}, timeout=8)
+                if done:
+                    raise asyncio.CancelledError
+                gone.cancel()
             text, finish = "<|channel|>final<|message|>partial answer that never", "stop"
         elif kind == "case":
             case = WILD[arg]
@@ -172,6 +176,11 @@ class Engine:
             pieces.append((text[prev:c], []))
             prev = c
         return pieces
+
+
+async def _gone(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _json(send: Any, status: int, body: Any) -> None:

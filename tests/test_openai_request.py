@@ -300,3 +300,22 @@ def test_cache_does_not_hide_errors(enc: hk.HarmonyEncoding) -> None:
         render_chat_request(enc, {**good, "tool_choice": {"type": "function", "function": {"name": "g"}}})
     with pytest.raises(RequestError):
         render_chat_request(enc, {"messages": U, "tools": [fn("f", {"type": "number", "default": float("nan")})]})
+
+
+def test_the_head_cache_keeps_each_requests_own_key_order(enc: hk.HarmonyEncoding) -> None:
+    """One tenant's {a, b} must not render another tenant's {b, a} (the schema follows key order)."""
+    from harmonykit.openai.request import HEAD_CACHE
+
+    def request(order: list[str]) -> dict[str, Any]:
+        props = {k: {"type": "string"} for k in order}
+        return {"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                                       "properties": props}}}]}
+
+    HEAD_CACHE.clear()
+    cold = render_chat_request(enc, request(["b", "a"])).tokens
+    render_chat_request(enc, request(["a", "b"]))
+    assert render_chat_request(enc, request(["b", "a"])).tokens == cold
+    HEAD_CACHE.clear()
+    render_chat_request(enc, request(["a", "b"]))
+    assert render_chat_request(enc, request(["b", "a"])).tokens == cold

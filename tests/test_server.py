@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def gateway(engine: tuple[Engine, str]) -> Iterator[str]:
 
 
 def client(base: str, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, timeout=20, **kw)
+    return openai.OpenAI(base_url=base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0,
+                         timeout=kw.pop("timeout", 20), **kw)
 
 
 def aclient(base: str) -> openai.AsyncOpenAI:
@@ -292,6 +294,21 @@ def test_failover_between_upstreams() -> None:
         assert code == 200 and [u["healthy"] for u in health["upstreams"]] == [False, True]  # type: ignore[index]
 
 
+def test_a_whole_answers_client_disconnect_cancels_the_upstream_request() -> None:
+    """Not streaming: the client gives up (its timeout) while the engine is still working."""
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,)))) as gw:
+        with pytest.raises(openai.APITimeoutError):
+            client(gw, timeout=0.5).chat.completions.create(model=MODEL,
+                                                            messages=[{"role": "user", "content": "fault:slow"}])
+        deadline = time.monotonic() + 5
+        while eng.cancelled < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert eng.cancelled == 1 and eng.active == 0
+        _, health = _raw(gw, "/health")
+        assert health["active_requests"] == 0  # type: ignore[index]
+
+
 def test_client_disconnect_cancels_the_upstream_request() -> None:
     eng = Engine()
     with serving(eng) as up, serving(create_app(Settings(upstream=(up,)))) as gw:
@@ -385,3 +402,38 @@ def test_guided_sends_the_grammar_upstream(engine: str, field: str) -> None:
 def test_guided_llamacpp_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="user-defined"):
         Settings(upstream=("http://127.0.0.1:1",), guided="llamacpp")
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.mark.parametrize("field", ["temperature", "tool_choice", "reasoning_effort", "role"])
+def test_deeply_nested_values_are_a_short_400(field: str, engine: tuple[Engine, str], caplog: pytest.LogCaptureFixture) -> None:
+    deep = _nested(900)
+    message = f'{{"role": {deep}, "content": "x"}}' if field == "role" else '{"role": "user", "content": "x"}'
+    extra = "" if field == "role" else f', "{field}": {deep}'
+    body = f'{{"model": "m", "messages": [{message}]{extra}}}'.encode()
+    with serving(create_app(Settings(upstream=(engine[1],), log_content=True))) as gw, \
+            caplog.at_level(logging.INFO, "harmonykit.server"):
+        code, out = _raw(gw, "/v1/chat/completions", body)
+    assert code == 400 and len(out["error"]["message"]) < 300  # type: ignore[index]
+    lines = [r for r in caplog.records if r.getMessage().startswith('{"id"')]
+    assert len(lines) == 1 and '"status":400' in lines[0].getMessage()
+
+
+def test_a_huge_value_is_not_repeated_back(gateway: str) -> None:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "x" * 1_000_000, "content": "hi"}]}).encode()
+    code, out = _raw(gateway, "/v1/chat/completions", body)
+    assert code == 400 and len(json.dumps(out)) < 1000
+
+
+def test_one_log_line_even_when_the_body_cannot_be_logged(engine: tuple[Engine, str],
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "load:2"}], "metadata": {"k": %s}}'
+            % (MODEL, _nested(300)))
+    with serving(create_app(Settings(upstream=(engine[1],), log_content=True))) as gw, \
+            caplog.at_level(logging.INFO, "harmonykit.server"):
+        code, _ = _raw(gw, "/v1/chat/completions", body.encode())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('{"id"')]
+    assert len(lines) == 1 and f'"status":{code}' in lines[0]

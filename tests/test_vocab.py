@@ -124,3 +124,33 @@ def test_special_positions_is_the_plain_scan(ids: list[int]) -> None:
 
     assert special_positions(ids) == (ids, [i for i, t in enumerate(ids) if not 0 <= t < STARTOFTEXT])
     assert special_positions(tuple(ids))[1] == special_positions(ids)[1]
+
+
+@pytest.mark.parametrize("c", [" ", "\t", "\u3000", "\n", "\xa0"])
+def test_long_whitespace_runs_encode_as_tiktoken_does(c: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below tiktoken's breaking point the shortened-run encoding is tiktoken's own, exactly."""
+    import harmonykit.vocab as v
+
+    bpe = v.load_bpe()
+    monkeypatch.setattr(v, "_RUN_LIMIT", 2000)
+    encode = v.ordinary_encoder(bpe)
+    for n in (2000, 2001, 3333, 8191):
+        for before, after in (("", ""), ("a", "b"), ("x\n", " y"), ("  ", "\t"), ("\n", "\n")):
+            text = before + c * n + after
+            assert encode(text) == bpe.encode_ordinary(text), (c, n, before, after)
+
+
+@pytest.mark.parametrize("c", [" ", "\t", "\u3000"])
+def test_a_million_whitespace_characters_do_not_panic(c: str) -> None:
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    text = "hi" + c * 1_000_800 + "there"
+    tokens = enc.encode(text)
+    assert enc.decode(tokens) == text
+    convo = hk.Conversation.from_messages([hk.Message.from_role_and_content(hk.Role.USER, text)])
+    assert enc.decode(enc.render_conversation(convo)).count(c) == 1_000_800
+
+
+def test_what_still_breaks_the_tokenizer_is_a_harmony_error() -> None:
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    with pytest.raises(hk.HarmonyError, match="whitespace"):
+        enc.encode(" \t" * 600_000)

@@ -31,7 +31,7 @@ from .tokens import (
     STOP_TOKENS_FOR_ASSISTANT_ACTIONS,
     special_positions,
 )
-from .vocab import load_bpe
+from .vocab import load_bpe, ordinary_encoder
 
 
 def _disallowed_message(token: str) -> str:
@@ -78,6 +78,7 @@ class HarmonyEncoding:
     def __init__(self, name: str, bpe: tiktoken.Encoding) -> None:
         self._name = name
         self._bpe = bpe
+        self._ordinary = ordinary_encoder(bpe)
         self._renderer = Renderer(bpe)
         self._str_cache: dict[int, str] = {}
         self._header_cache: HeaderCache = {}
@@ -125,7 +126,7 @@ class HarmonyEncoding:
     def _encode_allowing(self, text: str, allowed: frozenset[str]) -> list[int]:
         # tiktoken's own rule (ordinary text between allowed special tokens is encoded
         # on its own), without the per-call set work that costs ~100x a short encode.
-        ordinary = self._bpe.encode_ordinary
+        ordinary = self._ordinary
         if not allowed or "<|" not in text:
             return ordinary(text)
         out: list[int] = []
@@ -230,7 +231,7 @@ class HarmonyEncoding:
                Callable[[str], list[int]], HeaderCache]:
         """What the parser needs of the vocabulary: token bytes, their text, run decoding,
         encoding, and the well-formed headers read so far."""
-        return (self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._bpe.encode_ordinary,
+        return (self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._ordinary,
                 self._header_cache)
 
     def _machine(

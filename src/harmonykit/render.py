@@ -24,6 +24,7 @@ from .model import (
 )
 from .tokens import CALL, CHANNEL, CONSTRAIN, CONSTRAIN_MARKER, END, MESSAGE, RETURN, START
 from .typescript import tools_section
+from .vocab import ordinary_encoder
 
 _EFFORT = {"Low": "low", "Medium": "medium", "High": "high"}
 _ROLE_DEBUG = {r: r.value.capitalize() for r in Role}
@@ -35,7 +36,7 @@ class Renderer:
     """Renders model objects with one BPE; caches the short header pieces it encodes."""
 
     def __init__(self, bpe: tiktoken.Encoding) -> None:
-        self._encode = bpe.encode_ordinary
+        self._encode = ordinary_encoder(bpe)
         self._pieces: dict[str, list[int]] = {}
         self._headers: dict[tuple[Role, str | None, str | None, str | None, str | None], list[int]] = {}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tiktoken
 
-from .errors import VocabularyError
+from .errors import HarmonyError, VocabularyError
 from .tokens import SPECIAL_TOKENS
 
 FILENAME = "o200k_base.tiktoken"
@@ -159,3 +159,66 @@ def load_bpe() -> tiktoken.Encoding:
                     special_tokens=SPECIAL_TOKENS,
                 )
     return _cached
+
+
+# tiktoken's split regex overflows its stack on a run of about a million whitespace characters
+# (a PanicException, which is a BaseException). Runs this long are shortened before encoding.
+_RUN_LIMIT = 100_000
+_WHITESPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005" \
+              "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def ordinary_encoder(bpe: tiktoken.Encoding) -> Callable[[str], list[int]]:
+    """``bpe.encode_ordinary`` that also takes text with a run of a million whitespace characters.
+
+    A run of one repeated whitespace character tokenizes periodically: one more period of
+    it adds one more of the same token at the same place. The run is encoded shortened
+    (three times, a period apart, to find that token and place and to check them), and the
+    missing periods are put back. Text that still breaks the tokenizer raises a
+    ``HarmonyError`` saying why, never tiktoken's panic.
+
+    >>> encode = ordinary_encoder(load_bpe())
+    >>> encode("a" + " " * 300 + "b") == load_bpe().encode_ordinary("a" + " " * 300 + "b")
+    True
+    """
+    raw = bpe.encode_ordinary
+
+    def encode(text: str) -> list[int]:
+        if len(text) < _RUN_LIMIT:
+            return raw(text)
+        return _encode_long(bpe, text)
+
+    return encode
+
+
+def _encode_long(bpe: tiktoken.Encoding, text: str) -> list[int]:
+    for c in _WHITESPACE:
+        start = text.find(c * _RUN_LIMIT)
+        if start != -1:
+            end = start + _RUN_LIMIT
+            while end < len(text) and text[end] == c:
+                end += 1
+            return _encode_run(bpe, text, start, end)
+    try:
+        return bpe.encode_ordinary(text)
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise HarmonyError(f"text of {len(text)} characters cannot be tokenized (tiktoken failed: "
+                           f"{str(e)[:120]}); shorten its whitespace runs") from None
+
+
+def _encode_run(bpe: tiktoken.Encoding, text: str, start: int, end: int) -> list[int]:
+    """Encode ``text`` whose ``[start, end)`` is one character repeated, from shorter copies."""
+    c = text[start]
+    token = bpe.encode_ordinary(c * 4096)[0]
+    period = len(bpe.decode_single_token_bytes(token).decode("utf-8", "replace"))
+    n = end - start
+    keep = 4 * period + (n - 4 * period) % period
+    shorter = [_encode_long(bpe, text[:start] + c * (keep + k * period) + text[end:]) for k in range(3)]
+    at = next((i for i, (a, b) in enumerate(zip(shorter[0], shorter[1], strict=False)) if a != b),
+              len(shorter[0]))
+    if period < 1 or not (shorter[1] == [*shorter[0][:at], token, *shorter[0][at:]]
+                          and shorter[2] == [*shorter[0][:at], token, token, *shorter[0][at:]]):
+        raise HarmonyError(f"a run of {n} repeated {c!r} characters cannot be tokenized; shorten it")
+    return shorter[0][:at] + [token] * ((n - keep) // period) + shorter[0][at:]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..openai.cache import PartsCache
-from ..openai.errors import RequestError
+from ..openai.errors import RequestError, shown
 from ..openai.names import ToolNames
 from ..openai.request import api_of
 from ..openai.schema import check_schema
@@ -67,11 +67,11 @@ def turn_of(request: dict[str, Any]) -> Turn:
         fn = choice.get("function", choice)
         name = fn.get("name") if isinstance(fn, dict) else None
         if name not in names.declared:
-            raise RequestError("tool_choice", f"tool_choice names {name!r}, which is not in tools")
+            raise RequestError("tool_choice", f"tool_choice names {shown(name)}, which is not in tools")
         tools = [(rendered[name], dict(declared)[name])]
         final = False
     elif choice not in (None, "auto"):
-        raise RequestError("tool_choice", f"unsupported tool_choice {choice!r}")
+        raise RequestError("tool_choice", f"unsupported tool_choice {shown(choice)}")
     return Turn(tuple(tools), final, _answer_schema(request, kind))
 
 
@@ -95,7 +95,7 @@ def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
         check_schema(schema, f"{param}.schema")
         assert isinstance(schema, dict)
         return schema
-    raise RequestError(f"{param}.type", f"unsupported response format {fmt.get('type')!r}")
+    raise RequestError(f"{param}.type", f"unsupported response format {shown(fmt.get('type'))}")
 
 
 GRAMMARS: PartsCache[str] = PartsCache()

@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 80, 80
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = _SHOWN.maxset = 4
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message repeats it: short, and shallow however deep it nests
+    (a 1 MB role comes back as 80 characters, a value nested 10,000 deep costs nothing).
+
+    >>> shown("x" * 1000)[:12], len(shown("x" * 1000)) <= 80
+    ("'xxxxxxxxxxx", True)
+    >>> deep = []
+    >>> for _ in range(5000):
+    ...     deep = [deep]
+    >>> shown(deep)
+    '[[[[...]]]]'
+    """
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # a value whose own repr fails
+        return f"<{type(value).__name__}>"
 
 
 class RequestError(ValueError):

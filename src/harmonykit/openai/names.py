@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RequestError
+from .errors import RequestError, shown
 
 _NOT_IDENT = re.compile(r"[^A-Za-z0-9_-]")
 _LOOSE = re.compile(r"[^a-z0-9]")
@@ -63,8 +63,9 @@ class ToolNames:
                     continue
                 other = exact[ident]
                 what = "is declared twice" if other == name else \
-                    f"and {other!r} both render as {ident!r}"
-                raise RequestError(f"{param}[{i}]", f"function name {name!r} {what}; names must be unique")
+                    f"and {shown(other)} both render as {shown(ident)}"
+                raise RequestError(f"{param}[{i}]",
+                                   f"function name {shown(name)} {what}; names must be unique")
             exact[ident] = name
             kept.append(name)
         names = tuple(kept)

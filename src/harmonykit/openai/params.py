@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import RequestError
+from .errors import RequestError, shown
 
 _COMMON = frozenset({
     "model", "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice",
@@ -62,9 +62,11 @@ def _check_bias(bias: Any) -> None:
         raise RequestError("logit_bias", "logit_bias must be an object of token ids to numbers")
     for k, v in bias.items():
         if not (k.isdigit() and int(k) < 201088):
-            raise RequestError("logit_bias", f"logit_bias keys must be token ids (0 to 201087), got {k!r}")
+            raise RequestError("logit_bias",
+                               f"logit_bias keys must be token ids (0 to 201087), got {shown(k)}")
         if not _number(v) or not -100 <= v <= 100:
-            raise RequestError("logit_bias", f"logit_bias values must be numbers from -100 to 100, got {v!r}")
+            raise RequestError("logit_bias",
+                               f"logit_bias values must be numbers from -100 to 100, got {shown(v)}")
 
 
 def check_fields(request: Any, kind: str) -> None:
@@ -87,13 +89,13 @@ def check_fields(request: Any, kind: str) -> None:
         if key in _NUMBERS:
             lo, hi = _NUMBERS[key]
             if not _number(value) or not lo <= value <= hi:
-                raise RequestError(key, f"{key} must be a number from {lo:g} to {hi:g}, got {value!r}")
+                raise RequestError(key, f"{key} must be a number from {lo:g} to {hi:g}, got {shown(value)}")
         elif key in _INTS:
             lo_i, hi_i = _INTS[key]
             if not isinstance(value, int) or isinstance(value, bool) or not lo_i <= value <= hi_i:
-                raise RequestError(key, f"{key} must be an integer from {lo_i} to {hi_i}, got {value!r}")
+                raise RequestError(key, f"{key} must be an integer from {lo_i} to {hi_i}, got {shown(value)}")
         elif key in _BOOLS and not isinstance(value, bool):
-            raise RequestError(key, f"{key} must be true or false, got {value!r}")
+            raise RequestError(key, f"{key} must be true or false, got {shown(value)}")
         elif key == "logit_bias":
             _check_bias(value)
     if kind == "chat" and not isinstance(request.get("messages"), list):

@@ -28,7 +28,7 @@ from ..model import (
 from ..render import analysis_drop_boundary, conversation_has_function_tools
 from ..tokens import CALL, RETURN, START
 from .cache import PartsCache
-from .errors import RequestError
+from .errors import RequestError, shown
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
 
@@ -52,7 +52,7 @@ class Prompt:
 
 def _effort(value: Any, param: str) -> ReasoningEffort:
     if not isinstance(value, str) or value.lower() not in _EFFORTS:
-        raise RequestError(param, f"reasoning effort must be one of low, medium, high; got {value!r}")
+        raise RequestError(param, f"reasoning effort must be one of low, medium, high; got {shown(value)}")
     return _EFFORTS[value.lower()]
 
 
@@ -74,7 +74,7 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             out.append(part["refusal"])
         else:
-            raise RequestError(f"{param}[{j}]", f"unsupported content part {kind!r}; use text parts")
+            raise RequestError(f"{param}[{j}]", f"unsupported content part {shown(kind)}; use text parts")
     return "".join(out)
 
 
@@ -83,7 +83,7 @@ def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     Responses does not; either API accepts either shape."""
     if not isinstance(spec, dict) or spec.get("type", "function") != "function":
         kind = spec.get("type") if isinstance(spec, dict) else type(spec).__name__
-        raise RequestError(param, f"only function tools are supported, got {kind!r}")
+        raise RequestError(param, f"only function tools are supported, got {shown(kind)}")
     nested = "function" in spec or (nested and "name" not in spec)
     fn = spec.get("function") if nested else spec
     if not isinstance(fn, dict):
@@ -93,7 +93,7 @@ def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     if not isinstance(name, str) or not name:
         raise RequestError(f"{where}.name", "a function tool needs a non-empty string name")
     if any(c in name for c in "<>\n") or "<|" in name:
-        raise RequestError(f"{where}.name", f"invalid function name {name!r}")
+        raise RequestError(f"{where}.name", f"invalid function name {shown(name)}")
     description = fn.get("description") or ""
     if not isinstance(description, str):
         raise RequestError(f"{where}.description", "description must be a string")
@@ -117,17 +117,18 @@ def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[ToolDescrip
         param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
         if tool_choice.get("type", "function") != "function":
             raise RequestError("tool_choice.type",
-                               f"unsupported tool_choice type {tool_choice.get('type')!r}")
+                               f"unsupported tool_choice type {shown(tool_choice.get('type'))}")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RequestError(param, "a named tool_choice needs {\"name\": \"...\"} (a function's name)")
         if not names:
             raise RequestError("tool_choice",
-                               f"tool_choice names {fn['name']!r} but the request declares no tools")
+                               f"tool_choice names {shown(fn['name'])} but the request declares no tools")
         if fn["name"] not in names.declared:
-            raise RequestError(f"{param}.name", f"tool_choice names {fn['name']!r}, which is not in tools")
+            raise RequestError(f"{param}.name",
+                               f"tool_choice names {shown(fn['name'])}, which is not in tools")
     elif tool_choice not in (None, "auto", "required", "none"):
-        raise RequestError("tool_choice", f"unsupported tool_choice {tool_choice!r}; use auto, required, "
-                                          "none or a named function")
+        raise RequestError("tool_choice", f"unsupported tool_choice {shown(tool_choice)}; use auto, "
+                                          "required, none or a named function")
     elif tool_choice == "required" and not names:
         raise RequestError("tool_choice", "tool_choice 'required' needs tools")
     return ([] if tool_choice == "none" else described), names
@@ -168,7 +169,7 @@ def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
             raise RequestError(f"{param}.json_schema", "must be an object")
         return _response_format_section(spec.get("name"), spec.get("description"), spec.get("schema"),
                                         f"{param}.json_schema" if nested else param)
-    raise RequestError(f"{param}.type", f"unsupported response format {kind!r}")
+    raise RequestError(f"{param}.type", f"unsupported response format {shown(kind)}")
 
 
 def _message(role: Role, text: str, *, name: str | None = None, channel: str | None = None,
@@ -206,7 +207,7 @@ class _Builder:
     def tool_result(self, call_id: Any, output: str, param: str) -> None:
         name = self.call_names.get(call_id) if isinstance(call_id, str) else None
         if name is None:
-            raise RequestError(param, f"no earlier assistant tool call has id {call_id!r}")
+            raise RequestError(param, f"no earlier assistant tool call has id {shown(call_id)}")
         self.messages.append(
             _message(Role.TOOL, output, name=f"functions.{name}", channel="commentary",
                      recipient="assistant"))
@@ -337,7 +338,7 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tup
             b.tool_result(msg.get("tool_call_id"), _text(msg.get("content"), f"{param}.content"),
                           f"{param}.tool_call_id")
         else:
-            raise RequestError(f"{param}.role", f"unknown role {role!r}")
+            raise RequestError(f"{param}.role", f"unknown role {shown(role)}")
     effort = _effort(request["reasoning_effort"], "reasoning_effort") \
         if request.get("reasoning_effort") is not None else ReasoningEffort.MEDIUM
 
@@ -389,7 +390,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -
                 b.assistant("".join(pending_reasoning), text, [])
                 pending_reasoning = []
             else:
-                raise RequestError(f"{param}.role", f"unknown role {role!r}")
+                raise RequestError(f"{param}.role", f"unknown role {shown(role)}")
         elif kind == "reasoning":
             key = "content" if item.get("content") else "summary"
             parts = item.get(key) or []
@@ -409,7 +410,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -
             text = output if isinstance(output, str) else _text(output, f"{param}.output")
             b.tool_result(item.get("call_id"), text, f"{param}.call_id")
         else:
-            raise RequestError(f"{param}.type", f"unsupported input item type {kind!r}")
+            raise RequestError(f"{param}.type", f"unsupported input item type {shown(kind)}")
     if pending_reasoning:
         b.assistant("".join(pending_reasoning), "", [])
     reasoning = request.get("reasoning") or {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .errors import RequestError
+from .errors import RequestError, shown
 
 #: How deep a schema may nest (OpenAI allows 5 levels of objects in strict mode;
 #: this only keeps pathological input from reaching the renderer).
@@ -72,7 +72,7 @@ def _check(schema: Any, param: str, depth: int) -> None:
         for k in kinds:
             if not isinstance(k, str) or k not in _TYPES:
                 raise RequestError(f"{param}.type",
-                                   f"unknown type {k!r}; use one of {', '.join(sorted(_TYPES))}")
+                                   f"unknown type {shown(k)}; use one of {', '.join(sorted(_TYPES))}")
     required = schema.get("required")
     names = required if isinstance(required, list) else [None]
     if required is not None and not all(isinstance(r, str) for r in names):

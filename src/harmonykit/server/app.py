@@ -21,6 +21,7 @@ import orjson
 
 from .. import HarmonyEncodingName, load_harmony_encoding
 from ..encoding import HarmonyEncoding
+from ..errors import HarmonyError
 from ..grammar import harmony_grammar
 from ..openai import (
     ChatCompletionStream,
@@ -130,7 +131,7 @@ class Gateway:
             self.metrics.requests.labels(path, str(status)).inc()
             info["status"] = status
             info["ms"] = round((time.perf_counter() - t0) * 1000, 2)
-            log.info("%s", orjson.dumps(info).decode())
+            log.info("%s", _log_line(info))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -209,20 +210,35 @@ class Gateway:
                           logprobs_wanted(request, kind), grammar)
             except RequestError as e:
                 raise HTTPError(400, e.message, param=e.param) from None
+            except HarmonyError as e:  # text the tokenizer cannot take (a run of mixed whitespace)
+                raise HTTPError(400, str(e), param="messages" if kind == "chat" else "input") from None
             info["prompt_tokens"] = len(prompt.tokens)
             self.metrics.tokens.labels("in").inc(len(prompt.tokens))
             if self.settings.log_content:
                 info["request"] = request
             if request.get("stream"):
                 return await self._stream(send, receive, request, prompt, job, kind, info)
-            return await self._whole(send, request, prompt, job, kind, info)
+            return await self._whole(send, receive, request, prompt, job, kind, info)
         finally:
             self.active -= 1
 
-    async def _whole(self, send: Send, request: dict[str, Any], prompt: Prompt, job: Job,
+    async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], prompt: Prompt, job: Job,
                      kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
-        pieces, _ = await self._call(self.upstream.complete(job, request.get("model"), self.encoding))
+        call = asyncio.ensure_future(self._call(self.upstream.complete(job, request.get("model"),
+                                                                       self.encoding)))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not call.done():  # the client went away: cancelling closes the engine's connection (an abort)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, HTTPError):
+                await call
+            info["error"] = "client disconnected"
+            return 499
+        pieces, _ = call.result()
         self._latency(info, t0)
         client_model = request.get("model") or "gpt-oss"
         runs = []
@@ -387,6 +403,18 @@ class Gateway:
             self.metrics.repairs.labels(kind).inc(count)
         if kinds:
             info["repairs"] = kinds
+
+
+def _log_line(info: dict[str, Any]) -> str:
+    """One JSON log line, whatever the request held: a body orjson cannot write (nested past 255
+    levels, say) is left out and said so, and an error message is cut to a readable length."""
+    if isinstance(info.get("error"), str) and len(info["error"]) > 500:
+        info["error"] = info["error"][:500] + "..."
+    try:
+        return orjson.dumps(info).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        info["request"] = "(not logged: it cannot be written as JSON, e.g. nested too deep)"
+        return orjson.dumps(info, default=str).decode()
 
 
 def _check_tool_choice(request: dict[str, Any]) -> None:
