@@ -44,6 +44,7 @@ class Engine:
                  split_frames: bool = True) -> None:
         self.token_ids = token_ids
         self.context = 8192
+        self.models_served = 0
         self.chunk = chunk  # tokens per streamed chunk (None: 1 to 3 at random)
         self.split_frames = split_frames
         self.rng = random.Random(seed)
@@ -56,6 +57,7 @@ class Engine:
         if scope["type"] != "http":
             return
         if scope["path"] == "/v1/models":
+            self.models_served += 1
             await _json(send, 200, {"object": "list", "data": [{"id": "gpt-oss-20b", "object": "model",
                                                                "owned_by": "sglang",
                                                                "max_model_len": self.context}]})

@@ -148,3 +148,11 @@ def test_trusted_construction_is_what_validation_builds() -> None:
         fast.author.name = "changed"  # each message owns its author and content
         fast.content.append(hk.TextContent(text="more"))
         assert slow.author.name == name and len(slow.content) == 1
+
+
+@pytest.mark.parametrize("method", ["render_conversation", "render_conversation_for_completion",
+                                    "render_conversation_for_training"])
+def test_a_missing_conversation_is_a_type_error_naming_it(enc: hk.HarmonyEncoding, method: str) -> None:
+    args: tuple[object, ...] = (None, hk.Role.ASSISTANT) if method.endswith("completion") else (None,)
+    with pytest.raises(TypeError, match="conversation must be a Conversation"):
+        getattr(enc, method)(*args)

@@ -413,3 +413,15 @@ def test_every_note_kind_is_documented() -> None:
     assert set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M)) == set(NOTE_KINDS)
     source = (Path(hk.__file__).parent / "openai" / "turn.py").read_text(encoding="utf-8")
     assert set(re.findall(r'Note\(\s*"([a-z_]+)"', source)) <= set(NOTE_KINDS)
+
+
+def test_ids_and_events_as_the_sdk_spells_them(enc: hk.HarmonyEncoding) -> None:
+    from harmonykit.openai import ResponsesStream, completion_to_chat_completion
+
+    toks = enc.encode("<|channel|>commentary to=functions.f<|message|>{}<|call|>", allowed_special="all")
+    req = {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert completion_to_chat_completion(enc, toks, request=req)["id"].startswith("chatcmpl-")
+    stream = ResponsesStream(enc, request={"input": "x", "tools": [{"type": "function", "name": "f"}]})
+    events = stream.feed(toks) + stream.close("stop")
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done and done[0]["name"] == "f"

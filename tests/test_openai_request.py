@@ -319,3 +319,41 @@ def test_the_head_cache_keeps_each_requests_own_key_order(enc: hk.HarmonyEncodin
     HEAD_CACHE.clear()
     render_chat_request(enc, request(["a", "b"]))
     assert render_chat_request(enc, request(["b", "a"])).tokens == cold
+
+
+@pytest.mark.parametrize(("kind", "module", "cls"), [
+    ("chat", "openai.types.chat.completion_create_params", "CompletionCreateParamsBase"),
+    ("responses", "openai.types.responses.response_create_params", "ResponseCreateParamsBase"),
+])
+def test_every_field_of_the_installed_sdk_is_known(kind: str, module: str, cls: str) -> None:
+    """Read from the installed openai SDK: this fails the day it adds a field we do not know."""
+    import importlib
+
+    from harmonykit.openai.params import check_fields
+
+    fields = set(getattr(importlib.import_module(module), cls).__annotations__)
+    body: dict[str, Any] = {k: None for k in fields}
+    body.update({"messages": []} if kind == "chat" else {"input": "x"})
+    check_fields(body, kind)  # no "unrecognized request argument"
+
+
+def test_vllm_extensions_are_accepted_and_honoured(enc: hk.HarmonyEncoding) -> None:
+    from harmonykit.openai import completion_to_chat_choice
+    from harmonykit.openai.params import check_fields
+
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    via_kwargs = {**base, "chat_template_kwargs": {"reasoning_effort": "high"}, "include_reasoning": False,
+                  "skip_special_tokens": False, "add_generation_prompt": True}
+    check_fields(via_kwargs, "chat")
+    assert render_chat_request(enc, via_kwargs).tokens == render_chat_request(
+        enc, {**base, "reasoning_effort": "high"}).tokens
+    out = enc.encode("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>4"
+                     "<|return|>", allowed_special="all")
+    assert completion_to_chat_choice(enc, out, request=via_kwargs)["message"]["reasoning_content"] is None
+    assert completion_to_chat_choice(enc, out, request=base)["message"]["reasoning_content"] == "think"
+
+
+def test_a_json_schema_format_without_a_schema_is_any_object(enc: hk.HarmonyEncoding) -> None:
+    req = {"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_schema", "json_schema": {"name": "answer"}}}
+    assert "## answer" in enc.decode(render_chat_request(enc, req).tokens)

@@ -430,10 +430,31 @@ def test_a_huge_value_is_not_repeated_back(gateway: str) -> None:
 
 def test_one_log_line_even_when_the_body_cannot_be_logged(engine: tuple[Engine, str],
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    body = ('{"model": "%s", "messages": [{"role": "user", "content": "load:2"}], "metadata": {"k": %s}}'
-            % (MODEL, _nested(300)))
+    head = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "load:2"}]})[:-1]
+    body = head + ', "metadata": {"k": ' + _nested(300) + "}}"
     with serving(create_app(Settings(upstream=(engine[1],), log_content=True))) as gw, \
             caplog.at_level(logging.INFO, "harmonykit.server"):
         code, _ = _raw(gw, "/v1/chat/completions", body.encode())
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith('{"id"')]
     assert len(lines) == 1 and f'"status":{code}' in lines[0]
+
+
+def test_health_answers_from_state_and_shows_engines_only_with_the_key() -> None:
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), api_key="k", health_interval=60))) as gw:
+        served = len(eng.requests)
+        models_before = eng.models_served
+        for _ in range(50):
+            code, out = _raw(gw, "/health")
+            assert code == 200 and out == {"status": "ok"}
+        assert eng.models_served == models_before and len(eng.requests) == served  # no engine calls
+        code, out = _raw(gw, "/health", headers={"Authorization": "Bearer k"})
+        assert code == 200 and out["upstreams"][0]["url"] == up  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("key", "why"), [("", "empty"), ("clé", "ASCII"), ("a\nb", "ASCII")])
+def test_keys_that_cannot_work_are_refused_at_startup(key: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        Settings(upstream=("http://127.0.0.1:1",), api_key=key)
+    with pytest.raises(ValueError, match=why):
+        Settings.from_sources({"upstream": ["http://127.0.0.1:1"]}, {"HARMONYKIT_API_KEY": key})

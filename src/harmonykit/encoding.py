@@ -7,7 +7,7 @@ import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Literal
+from typing import Any, Literal
 
 import tiktoken
 
@@ -205,7 +205,7 @@ class HarmonyEncoding:
     ) -> list[int]:
         """Render a conversation without opening a new turn."""
         out: list[int] = []
-        self._renderer.render_conversation(conversation.messages, config, out)
+        self._renderer.render_conversation(_messages(conversation), config, out)
         return out
 
     def render_conversation_for_completion(
@@ -215,13 +215,13 @@ class HarmonyEncoding:
         config: RenderConversationConfig | None = None,
     ) -> list[int]:
         """Render a conversation and open the next turn (``<|start|>assistant``)."""
-        return self._renderer.render_for_completion(conversation.messages, next_turn_role, config)
+        return self._renderer.render_for_completion(_messages(conversation), next_turn_role, config)
 
     def render_conversation_for_training(
         self, conversation: Conversation, config: RenderConversationConfig | None = None
     ) -> list[int]:
         """Render for training: a final assistant answer ends in ``<|return|>``."""
-        return self._renderer.render_for_training(conversation.messages, config)
+        return self._renderer.render_for_training(_messages(conversation), config)
 
     # -- parsing ---------------------------------------------------------------
 
@@ -309,3 +309,11 @@ def load_harmony_encoding(name: str | HarmonyEncodingName) -> HarmonyEncoding:
             if enc is None:
                 enc = _encodings[key] = HarmonyEncoding(key, load_bpe())
     return enc
+
+
+def _messages(conversation: Any) -> list[Message]:
+    messages = getattr(conversation, "messages", None)
+    if not isinstance(messages, list):
+        raise TypeError("conversation must be a Conversation (Conversation.from_messages([...])), got "
+                        f"{type(conversation).__name__}")
+    return messages

@@ -91,7 +91,7 @@ def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
         return {"type": "object"}
     if fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema") if kind == "chat" else fmt
-        schema = spec.get("schema") if isinstance(spec, dict) else None
+        schema = spec.get("schema", {"type": "object"}) if isinstance(spec, dict) else None
         check_schema(schema, f"{param}.schema")
         assert isinstance(schema, dict)
         return schema

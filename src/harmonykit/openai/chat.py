@@ -17,8 +17,10 @@ _FIELDS = {"reasoning": "reasoning_content", "content": "content"}
 class _Deltas:
     """Turn events -> Chat ``delta`` objects (shared by the stream and the one-shot choice)."""
 
-    def __init__(self, turn: Turn) -> None:
+    def __init__(self, turn: Turn, request: dict[str, Any] | None = None) -> None:
         self.turn = turn
+        # vLLM's include_reasoning: false leaves reasoning out of the answer.
+        self.reasoning = (request or {}).get("include_reasoning") is not False
         self.kinds: set[str] = set()
         self.call_index: dict[int, int] = {}
 
@@ -26,7 +28,7 @@ class _Deltas:
         out: list[dict[str, Any]] = []
         for ev in events:
             kind, key = ev.kind, ev.key
-            if ev.op == "builtin":
+            if ev.op == "builtin" or (kind == "reasoning" and not self.reasoning):
                 continue  # Chat has no item for built-in tools: they are in the harmony field
             if ev.op == "open":
                 if kind == "call":
@@ -101,7 +103,7 @@ def _choice(encoding: HarmonyEncoding, tokens: Iterable[int], request: dict[str,
     if not isinstance(encoding, HarmonyEncoding):
         raise TypeError(f"encoding must be a HarmonyEncoding, got {type(encoding).__name__}")
     turn = Turn(encoding, declared_names(request))
-    deltas = _Deltas(turn)
+    deltas = _Deltas(turn, request)
     out = deltas.convert(turn.feed(tokens))
     events, reason = turn.close(finish_reason)
     out += deltas.convert(events)
@@ -187,7 +189,7 @@ class ChatCompletionStream(OutputStream):
         super().__init__(encoding, render_chat_request, request=request, id=id, model=model,
                          prompt_tokens=prompt_tokens)
         self.created = created if created is not None else int(time.time())
-        self._deltas = _Deltas(self.turn)
+        self._deltas = _Deltas(self.turn, request)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,

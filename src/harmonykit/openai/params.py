@@ -20,12 +20,27 @@ _COMMON = frozenset({
     "top_k", "min_p", "repetition_penalty", "min_tokens", "logit_bias", "stop", "frequency_penalty",
     "presence_penalty",
 })
-CHAT_FIELDS = _COMMON | {
+# Fields of the newest openai SDK that a gateway accepts and has nothing to do with (caching and
+# moderation options, OpenAI-side context management): accepted, so SDKs that send them work.
+_ACCEPTED = frozenset({"prompt_cache_retention", "prompt_cache_options", "moderation"})
+# vLLM's own server's extensions, so clients written for it work here too: honoured where they
+# mean something for a Harmony turn (chat_template_kwargs' reasoning_effort, include_reasoning),
+# accepted otherwise.
+VLLM_EXTENSIONS = frozenset({
+    "chat_template_kwargs", "include_reasoning", "skip_special_tokens", "spaces_between_special_tokens",
+    "add_generation_prompt", "continue_final_message", "echo", "chat_template", "documents",
+    "mm_processor_kwargs", "priority", "request_id", "return_tokens_as_token_ids", "return_token_ids",
+    "cache_salt", "kv_transfer_params", "vllm_xargs", "ignore_eos", "stop_token_ids",
+    "include_stop_str_in_output", "truncate_prompt_tokens", "length_penalty", "use_beam_search",
+    "prompt_logprobs", "allowed_token_ids", "bad_words", "thinking_token_budget", "repetition_detection",
+})
+CHAT_FIELDS = _ACCEPTED | VLLM_EXTENSIONS | _COMMON | {
     "messages", "logprobs", "max_tokens",
     "max_completion_tokens", "n", "response_format", "reasoning_effort", "modalities",
     "prediction", "audio", "web_search_options", "verbosity", "functions", "function_call",
 }
-RESPONSES_FIELDS = _COMMON | {
+RESPONSES_FIELDS = _ACCEPTED | VLLM_EXTENSIONS | _COMMON | {
+    "context_management", "access_programs", "background_options", "image",
     "input", "instructions", "max_output_tokens", "text", "reasoning", "include", "truncation",
     "background", "previous_response_id", "conversation", "prompt", "max_tool_calls",
 }
@@ -50,7 +65,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "n": (1, 128), "top_k": (-1, 2**31), "min_tokens": (0, 2**31), "seed": (-(2**63), 2**64 - 1),
     "top_logprobs": (0, 20),
 }
-_BOOLS = ("stream", "parallel_tool_calls", "store", "logprobs")
+_BOOLS = ("stream", "parallel_tool_calls", "store", "logprobs", "include_reasoning")
 
 
 def _number(value: Any) -> bool:

@@ -167,7 +167,9 @@ def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
         spec = fmt.get("json_schema") if nested else fmt
         if not isinstance(spec, dict):
             raise RequestError(f"{param}.json_schema", "must be an object")
-        return _response_format_section(spec.get("name"), spec.get("description"), spec.get("schema"),
+        # The schema is optional (as in OpenAI's API): without one, any JSON object.
+        return _response_format_section(spec.get("name"), spec.get("description"),
+                                        spec.get("schema", {"type": "object"}),
                                         f"{param}.json_schema" if nested else param)
     raise RequestError(f"{param}.type", f"unsupported response format {shown(kind)}")
 
@@ -339,8 +341,16 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tup
                           f"{param}.tool_call_id")
         else:
             raise RequestError(f"{param}.role", f"unknown role {shown(role)}")
-    effort = _effort(request["reasoning_effort"], "reasoning_effort") \
-        if request.get("reasoning_effort") is not None else ReasoningEffort.MEDIUM
+    # vLLM's own server also takes the effort in chat_template_kwargs; the top-level field wins.
+    kwargs = request.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise RequestError("chat_template_kwargs", "chat_template_kwargs must be an object")
+    if request.get("reasoning_effort") is not None:
+        effort = _effort(request["reasoning_effort"], "reasoning_effort")
+    elif kwargs and kwargs.get("reasoning_effort") is not None:
+        effort = _effort(kwargs["reasoning_effort"], "chat_template_kwargs.reasoning_effort")
+    else:
+        effort = ReasoningEffort.MEDIUM
 
     def head() -> tuple[list[Message], ToolNames]:
         tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=True)

@@ -92,7 +92,7 @@ class _Items:
         if item["type"] == "function_call":
             item["arguments"] = text
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=index, arguments=text))
+                                  output_index=index, name=item["name"], arguments=text))
         else:
             part = item["content"][0]
             part["text"] = text

@@ -84,7 +84,8 @@ class Note:
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+    """An id as OpenAI spells its kind: ``chatcmpl-...``, ``call_...``, ``resp_...``, ``msg_...``."""
+    return f"{prefix}{'-' if prefix == 'chatcmpl' else '_'}{uuid.uuid4().hex[:24]}"
 
 
 class ArgumentStream:

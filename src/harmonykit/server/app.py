@@ -170,11 +170,15 @@ class Gateway:
         return 200
 
     async def _health(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
-        engines = await self.upstream.check()
+        # From the background checks' state: a health probe never calls the engines itself, and
+        # shows their addresses only to a client with the key (when one is set).
+        engines = self.upstream.states()
         ok = any(e["healthy"] for e in engines)
         status = 200 if ok else 503
-        await _json_response(send, status, {"status": "ok" if ok else "unavailable", "upstreams": engines,
-                                            "active_requests": self.active})
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable"}
+        if self._authorized(scope):
+            body.update(upstreams=engines, active_requests=self.active)
+        await _json_response(send, status, body)
         return status
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
@@ -339,14 +343,14 @@ class Gateway:
     # -- helpers ---------------------------------------------------------------
 
     def _authorize(self, scope: Scope) -> None:
-        key = self.settings.api_key
-        if key is None:
-            return
-        auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        given = auth[7:] if auth.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(given.encode(), key.encode()):
+        if not self._authorized(scope):
+            given = _bearer(scope)
             what = "Missing bearer token" if not given else "Incorrect API key provided"
             raise HTTPError(401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    def _authorized(self, scope: Scope) -> bool:
+        key = self.settings.api_key
+        return key is None or hmac.compare_digest(_bearer(scope).encode("latin-1"), key.encode("latin-1"))
 
     async def _read_json(self, scope: Scope, receive: Receive) -> Any:
         limit = self.settings.max_body_bytes
@@ -403,6 +407,11 @@ class Gateway:
             self.metrics.repairs.labels(kind).inc(count)
         if kinds:
             info["repairs"] = kinds
+
+
+def _bearer(scope: Scope) -> str:
+    auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    return auth[7:] if auth.lower().startswith("bearer ") else ""
 
 
 def _log_line(info: dict[str, Any]) -> str:

@@ -52,6 +52,12 @@ class Settings:
             raise ValueError(f"--guided {self.guided} cannot work: {PROFILES[self.guided].guided}")
         if self.engine is not None and self.engine not in PROFILES:
             raise ValueError(f"engine must be one of {', '.join(PROFILES)}, got {self.engine!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key is empty, which would turn authentication off: give a key, or leave "
+                             "the option (and HARMONYKIT_API_KEY) unset to run without one")
+        if self.api_key is not None and (not self.api_key.isascii() or not self.api_key.isprintable()):
+            raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other characters, "
+                             "so no client could ever send it")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 
@@ -66,7 +72,7 @@ class Settings:
                 values[f.name] = given
                 continue
             raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None and raw != "":
+            if raw is not None and (raw != "" or f.name == "api_key"):  # an empty key is refused, not ignored
                 values[f.name] = _parse(f.name, raw)
         if "upstream" in values:
             values["upstream"] = tuple(u.rstrip("/") for u in values["upstream"])

@@ -143,8 +143,13 @@ class Upstream:
             engine.checked = time.time()
 
         await asyncio.gather(*(one(e) for e in self.engines))
+        return self.states()
+
+    def states(self) -> list[dict[str, Any]]:
+        """Each engine's state as the background checks and the last requests left it (no I/O)."""
         return [{"url": e.url, "healthy": e.healthy, "engine": e.profile.name if e.profile else None,
-                 **({"version": e.version} if e.version else {})} for e in self.engines]
+                 **({"version": e.version} if e.version else {}),
+                 **({"problem": e.problem} if e.problem else {})} for e in self.engines]
 
     async def detect(self, engine: Engine, *, refresh: bool = False) -> Profile:
         """What ``engine`` is and serves: its profile, model names and context length."""
