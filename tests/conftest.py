@@ -54,3 +54,9 @@ def vllm() -> Iterator[str]:
     install_checkout()
     with vllm_server() as url:
         yield url
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of real engines run last: their servers (and their CPU use) never share the machine
+    with the timing-sensitive tests, and each server starts once."""
+    items.sort(key=lambda item: item.get_closest_marker("real_engines") is not None)

@@ -132,6 +132,12 @@ class Engine:
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
+        if kind == "fault" and arg == "bigline":  # a line that never ends
+            for _ in range(20):
+                await send({"type": "http.response.body", "body": b"x" * 1_000_000, "more_body": True})
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            return
         chunks = self._chunks(ids)
         for i, piece in enumerate(chunks):
             if kind == "fault" and arg == "midway" and i == len(chunks) // 2:

@@ -458,3 +458,80 @@ def test_keys_that_cannot_work_are_refused_at_startup(key: str, why: str) -> Non
         Settings(upstream=("http://127.0.0.1:1",), api_key=key)
     with pytest.raises(ValueError, match=why):
         Settings.from_sources({"upstream": ["http://127.0.0.1:1"]}, {"HARMONYKIT_API_KEY": key})
+
+
+def test_idle_request_bodies_hold_no_slot_and_time_out() -> None:
+    """Four sockets that promise a body and send nothing, against --max-concurrency 2."""
+    import socket as socketlib
+
+    eng = Engine()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), max_concurrency=2, body_timeout=1.5))) as gw:
+        port = int(gw.rsplit(":", 1)[1])
+        idle = []
+        for _ in range(4):
+            s = socketlib.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n")
+            idle.append(s)
+        try:
+            time.sleep(0.3)
+            answer = client(gw).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:3"}])
+            assert answer.choices[0].message.content == "answer 3"  # not a 429
+            t0 = time.monotonic()
+            for s in idle:
+                head = s.recv(200)
+                assert head.startswith(b"HTTP/1.1 408"), head
+            assert time.monotonic() - t0 < 5
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_a_large_render_does_not_stall_other_streams() -> None:
+    eng = Engine(chunk=1)
+    eng.delay, eng.context = 0.01, 10_000_000  # a context the 12 MB prompt could fit: it is rendered
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 12_000_000}],
+                      "max_tokens": 1}).encode()
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,), max_body_bytes=64 * 1024 * 1024))) as gw:
+        gaps: list[float] = []
+
+        def stream() -> None:
+            last = None
+            for _ in client(gw).chat.completions.create(model=MODEL, stream=True,
+                                                        messages=[{"role": "user", "content": "long:400"}]):
+                now = time.monotonic()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+
+        import threading
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        code, _ = _raw(gw, "/v1/chat/completions", big)
+        render_seconds = time.monotonic() - t0
+        reader.join(60)
+    assert code in (200, 400) and render_seconds > 0.3  # the render was real work
+    assert gaps and max(gaps) < 0.1, f"a stream stalled {max(gaps) * 1000:.0f} ms while another request rendered"
+
+
+def test_a_body_far_past_the_context_is_refused_before_any_work(engine: tuple[Engine, str]) -> None:
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode()
+    with serving(create_app(Settings(upstream=(engine[1],)))) as gw:
+        _raw(gw, "/health")
+        t0 = time.monotonic()
+        code, out = _raw(gw, "/v1/chat/completions", big)
+    assert code == 400 and out["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert time.monotonic() - t0 < 1
+
+
+def test_an_endless_engine_line_is_cut_off(engine: tuple[Engine, str]) -> None:
+    with serving(create_app(Settings(upstream=(engine[1],)))) as gw:
+        reasons = []
+        with pytest.raises(openai.APIError):
+            for chunk in client(gw).chat.completions.create(model=MODEL, stream=True,
+                                                            messages=[{"role": "user", "content": "fault:bigline"}]):
+                reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
+        assert reasons == ["error"]

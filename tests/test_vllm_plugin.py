@@ -27,6 +27,8 @@ from harmonykit.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, ST
 from real.servers import SERVED, vllm_server
 from strategies import assistant_turns
 
+pytestmark = pytest.mark.real_engines
+
 ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
 NOISE = {**{str(t): 9 for t in (CHANNEL, MESSAGE, START, CONSTRAIN, END)}, str(RETURN): 5, str(CALL): 5}
 TERSE = {str(t): 12 for t in (END, RETURN, CALL, CONSTRAIN)} | {str(ENC.encode('"}')[0]): 8,

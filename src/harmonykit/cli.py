@@ -392,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"give up on an engine silent this long: 504 (default 600) [{env}UPSTREAM_TIMEOUT]")
     p.add_argument("--max-concurrency", type=int, metavar="N",
                    help=f"requests served at once; more get 429 (default 512) [{env}MAX_CONCURRENCY]")
+    p.add_argument("--body-timeout", type=float, metavar="SECONDS",
+                   help=f"each piece of a request body must arrive within this, else 408 (default 30) "
+                        f"[{env}BODY_TIMEOUT]")
     p.add_argument("--max-body-bytes", type=int, metavar="N",
                    help=f"larger request bodies get 413 (default 16 MiB) [{env}MAX_BODY_BYTES]")
     p.add_argument("--guided", choices=["vllm", "sglang", "llamacpp"],

@@ -48,9 +48,12 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("harmonykit.server")
 
+_INLINE_RENDER_BYTES = 64 * 1024  # smaller bodies render on the loop: cheaper than a thread hop
+_BYTES_PER_TOKEN_BOUND = 64
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
                 (b"x-accel-buffering", b"no")]
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+                408: "invalid_request_error",
                 405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                 502: "api_error", 503: "api_error", 504: "api_error"}
 
@@ -197,16 +200,22 @@ class Gateway:
 
     async def _api(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any], kind: str) -> int:
         self._authorize(scope)
+        # The body is read before a slot is taken, with a deadline: a client that sends nothing
+        # holds no slot, and not for long.
+        request, size = await self._read_json(scope, receive)
         if self.active >= self.settings.max_concurrency:
             raise HTTPError(429, f"the gateway is serving its maximum of {self.settings.max_concurrency} "
                                  "requests; retry shortly", code="concurrency_limit")
         self.active += 1
         try:
-            request = await self._read_json(scope, receive)
+            self._bound(size)
             try:
                 check_fields(request, kind)
-                prompt = (render_chat_request if kind == "chat" else render_responses_request)(
-                    self.encoding, request)
+                render = render_chat_request if kind == "chat" else render_responses_request
+                # A large request renders off the event loop (tiktoken lets go of the GIL), so one
+                # client's megabytes never stall everyone else's streams.
+                prompt = render(self.encoding, request) if size < _INLINE_RENDER_BYTES else \
+                    await asyncio.to_thread(render, self.encoding, request)
                 grammar = harmony_grammar(request) if self.settings.guided else None
                 if grammar is None:
                     _check_tool_choice(request)
@@ -352,7 +361,9 @@ class Gateway:
         key = self.settings.api_key
         return key is None or hmac.compare_digest(_bearer(scope).encode("latin-1"), key.encode("latin-1"))
 
-    async def _read_json(self, scope: Scope, receive: Receive) -> Any:
+    async def _read_json(self, scope: Scope, receive: Receive) -> tuple[Any, int]:
+        """The request's JSON and its size in bytes; each piece of the body must come within
+        --body-timeout seconds."""
         limit = self.settings.max_body_bytes
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
@@ -360,7 +371,11 @@ class Gateway:
             raise HTTPError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.settings.body_timeout)
+            except asyncio.TimeoutError:
+                raise HTTPError(408, "the request body did not arrive within "
+                                     f"{self.settings.body_timeout:g} s", code="request_timeout") from None
             if message["type"] == "http.disconnect":
                 raise HTTPError(400, "the client went away before sending the whole body")
             chunk = message.get("body", b"")
@@ -372,9 +387,18 @@ class Gateway:
             if not message.get("more_body"):
                 break
         try:
-            return orjson.loads(b"".join(chunks))
+            return orjson.loads(b"".join(chunks)), size
         except orjson.JSONDecodeError as e:
             raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+    def _bound(self, size: int) -> None:
+        """Refuse, before any work, a body far larger than any prompt the engines' context holds
+        (no tokenization packs more than ~64 bytes of a JSON body into one token but long runs
+        of one repeated character)."""
+        contexts = [e.info.context for e in self.upstream.engines if e.info and e.info.context]
+        if contexts and size > max(contexts) * _BYTES_PER_TOKEN_BOUND:
+            raise HTTPError(400, f"the request ({size} bytes) cannot fit the engine's context of "
+                                 f"{max(contexts)} tokens", param="messages", code="context_length_exceeded")
 
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:

@@ -30,6 +30,7 @@ class Settings:
     max_concurrency: int = 512
     max_body_bytes: int = 16 * 1024 * 1024
     log_content: bool = False
+    body_timeout: float = 30.0  # each piece of a request body must arrive within this (else 408)
     health_interval: float = 5.0
     guided: str | None = None  # ask the engine to constrain generation: vllm or sglang
     engine: str | None = None  # vllm, sglang or llamacpp; None: recognised from /v1/models
@@ -58,6 +59,8 @@ class Settings:
         if self.api_key is not None and (not self.api_key.isascii() or not self.api_key.isprintable()):
             raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other characters, "
                              "so no client could ever send it")
+        if self.body_timeout <= 0:
+            raise ValueError(f"body_timeout must be positive, got {self.body_timeout}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 
@@ -81,7 +84,7 @@ class Settings:
 
 def _parse(name: str, raw: str) -> Any:
     kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
-             "health_interval": float, "max_tokens_default": int}
+             "health_interval": float, "max_tokens_default": int, "body_timeout": float}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":

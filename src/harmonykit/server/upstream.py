@@ -35,6 +35,11 @@ from .engines import (
 log = logging.getLogger("harmonykit.server")
 
 
+# What one engine answer may hold: a stream line (one event), and a whole non-streamed body.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
 class UpstreamError(Exception):
     """The engine failed us: ``status`` is what the client gets (502, or 504 on a timeout)."""
 
@@ -347,7 +352,14 @@ class Upstream:
 
     async def _read(self, resp: aiohttp.ClientResponse, engine: Engine) -> bytes:
         try:
-            return await resp.read()
+            chunks, size = [], 0
+            async for chunk in resp.content.iter_any():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise UpstreamError(502, f"the engine at {engine.url} sent an answer over "
+                                             f"{MAX_BODY_BYTES} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
         except asyncio.TimeoutError as e:
             raise UpstreamError(504, f"the engine at {engine.url} did not answer within {self.timeout:g} s",
                                 "upstream_timeout") from e
@@ -384,6 +396,9 @@ async def _sse(resp: aiohttp.ClientResponse, engine: Engine, timeout: float) -> 
     try:
         async for chunk in resp.content.iter_any():
             buf += chunk
+            if len(buf) > MAX_EVENT_BYTES and buf.find(b"\n", len(buf) - len(chunk)) == -1:
+                raise UpstreamError(502, f"the engine at {engine.url} sent a stream line over "
+                                         f"{MAX_EVENT_BYTES} bytes")
             pos = 0
             events: list[bytes] = []
             while (nl := buf.find(b"\n", pos)) != -1:
