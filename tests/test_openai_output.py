@@ -425,3 +425,28 @@ def test_ids_and_events_as_the_sdk_spells_them(enc: hk.HarmonyEncoding) -> None:
     events = stream.feed(toks) + stream.close("stop")
     done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert done and done[0]["name"] == "f"
+
+
+@pytest.mark.parametrize("text", [
+    '<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>analysis to=browser.search code'
+    '<|message|>{"query": "harmony format", "topn": 3}<|call|>',
+    "<|channel|>analysis to=python code<|message|>print(2 + 2)<|call|>",
+    '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json'
+    '<|message|>{"a": 1}<|call|>',
+    "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+])
+def test_replaying_response_output_as_input_renders_it_back(enc: hk.HarmonyEncoding, text: str) -> None:
+    """The SDKs send response.output back as the next input: every item kind the gateway emits
+    round-trips, rendered as the model wrote it."""
+    from harmonykit.openai import completion_to_response, render_responses_request
+
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    toks = enc.encode(text, allowed_special="all")
+    out = completion_to_response(enc, toks, request={"input": "hi", "tools": tools})
+    follow = {"input": [{"role": "user", "content": "hi"}, *out["output"]], "tools": tools}
+    rendered = enc.decode(render_responses_request(enc, follow).tokens)
+    body = text.split("<|message|>")[-1].removesuffix("<|call|>").removesuffix("<|return|>")
+    assert body in rendered
+    for recipient in ("browser.search", "python"):  # the renderer's own order: recipient, then channel
+        if f"to={recipient}" in text:
+            assert f"<|start|>assistant to={recipient}<|channel|>analysis code<|message|>{body}<|call|>" in rendered

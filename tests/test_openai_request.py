@@ -196,7 +196,8 @@ def test_bad_chat_requests(enc: hk.HarmonyEncoding, request_body: dict[str, Any]
     [
         ({"input": []}, "input"),
         ({"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]}, "input[0].call_id"),
-        ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].action"),
+        ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0]"),
         ({"input": "x", "instructions": 3}, "instructions"),

@@ -56,10 +56,15 @@ def _ready(url: str) -> bool:
         return False
 
 
+#: Each running server's log file, by its base URL (tests read what the engine said).
+LOGS: dict[str, Path] = {}
+
+
 @contextlib.contextmanager
 def _process(cmd: list[str], env: dict[str, str], url: str, within: float) -> Iterator[str]:
-    with tempfile.TemporaryFile() as log:
+    with tempfile.NamedTemporaryFile(prefix="harmonykit-engine-", suffix=".log") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        LOGS[url] = Path(log.name)
         try:
             deadline = time.monotonic() + within
             while not _ready(url):
@@ -71,6 +76,7 @@ def _process(cmd: list[str], env: dict[str, str], url: str, within: float) -> It
                 time.sleep(0.5)
             yield url
         finally:
+            LOGS.pop(url, None)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -104,7 +110,9 @@ def vllm_server(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
            # The default structured-outputs backend ("auto"): the gateway's Lark grammars fall back
            # to guidance, and vLLM's own chat endpoint keeps its xgrammar structural tags.
            # gpt-oss as people serve it: vLLM's own Chat and Responses endpoints parse its output
-           "--tool-call-parser", "openai", "--enable-auto-tool-choice", "--reasoning-parser", "openai_gptoss", *args]
+           "--tool-call-parser", "openai", "--enable-auto-tool-choice", "--reasoning-parser", "openai_gptoss",
+           # "Aborted request" in its log is how a test knows the engine was told a client left
+           "--enable-log-requests", *args]
     try:
         with _process(cmd, full_env, f"http://127.0.0.1:{port}", 300) as url:
             yield url

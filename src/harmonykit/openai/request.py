@@ -174,6 +174,16 @@ def _format_from(fmt: Any, param: str, nested: bool) -> str | None:
     raise RequestError(f"{param}.type", f"unsupported response format {shown(kind)}")
 
 
+# A web_search_call action -> (the browser tool, the action's field, the tool's argument).
+_BROWSER_ACTIONS = {"search": ("browser.search", "query", "query"),
+                    "open_page": ("browser.open", "url", "id"),
+                    "find_in_page": ("browser.find", "pattern", "pattern")}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _message(role: Role, text: str, *, name: str | None = None, channel: str | None = None,
              recipient: str | None = None, content_type: str | None = None) -> Message:
     author = _AUTHORS[role] if name is None else text_author(role, name)
@@ -205,6 +215,32 @@ class _Builder:
             self.messages.append(
                 _message(Role.ASSISTANT, arguments, channel="commentary",
                          recipient=f"functions.{identifier(name)}", content_type="<|constrain|>json"))
+
+    def builtin_call(self, item: dict[str, Any], param: str) -> None:
+        """A built-in tool call the gateway emitted (``web_search_call``, ``code_interpreter_call``),
+        rendered back as the model wrote it: from its ``harmony`` field, else from the item."""
+        written = item.get("harmony")
+        if isinstance(written, dict) and isinstance(written.get("recipient"), str) \
+                and isinstance(written.get("arguments"), str):
+            self.messages.append(_message(
+                Role.ASSISTANT, written["arguments"], channel=_str_or_none(written.get("channel")),
+                recipient=written["recipient"], content_type=_str_or_none(written.get("content_type"))))
+            return
+        if item["type"] == "code_interpreter_call":
+            code = item.get("code")
+            if not isinstance(code, str):
+                raise RequestError(f"{param}.code", "a code_interpreter_call needs its code as a string")
+            self.messages.append(_message(Role.ASSISTANT, code, channel="analysis", recipient="python",
+                                          content_type="code"))
+            return
+        action = item.get("action")
+        kind = action.get("type") if isinstance(action, dict) else None
+        args = _BROWSER_ACTIONS.get(kind) if isinstance(kind, str) else None
+        if args is None or not isinstance(action, dict):
+            raise RequestError(f"{param}.action", f"unsupported web_search_call action {shown(kind)}")
+        recipient, field, name = args
+        self.messages.append(_message(Role.ASSISTANT, json.dumps({name: action.get(field)}),
+                                      channel="analysis", recipient=recipient, content_type="code"))
 
     def tool_result(self, call_id: Any, output: str, param: str) -> None:
         name = self.call_names.get(call_id) if isinstance(call_id, str) else None
@@ -415,6 +451,10 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -
                 raise RequestError(param, "a function_call needs string call_id, name and arguments")
             b.assistant("".join(pending_reasoning), "", [(call_id, name, arguments)])
             pending_reasoning = []
+        elif kind in ("web_search_call", "code_interpreter_call"):
+            b.assistant("".join(pending_reasoning), "", [])
+            pending_reasoning = []
+            b.builtin_call(item, param)
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{param}.output")

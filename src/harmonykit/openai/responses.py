@@ -125,9 +125,11 @@ def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
     """``web_search_call`` for browser.search / open / find, ``code_interpreter_call`` for python."""
     recipient, body = call["recipient"], call["arguments"]
     status = "incomplete" if call.get("incomplete") else "completed"
+    # How the model wrote it, so that replaying the item as input renders it back exactly.
+    written = {k: call.get(k) for k in ("recipient", "channel", "content_type", "arguments")}
     if recipient == "python":
         return {"id": new_id("ci"), "type": "code_interpreter_call", "code": body, "container_id": "",
-                "outputs": None, "status": status}
+                "outputs": None, "status": status, "harmony": written}
     try:
         args = json.loads(body)
     except ValueError:
@@ -144,7 +146,8 @@ def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
         action = {"type": "find_in_page", "pattern": args["pattern"], "url": ""}
     if action is None:
         return None
-    return {"id": new_id("ws"), "type": "web_search_call", "action": action, "status": status}
+    return {"id": new_id("ws"), "type": "web_search_call", "action": action, "status": status,
+            "harmony": written}
 
 
 def _function_tools(tools: Any) -> list[dict[str, Any]]:
