@@ -450,3 +450,43 @@ def test_replaying_response_output_as_input_renders_it_back(enc: hk.HarmonyEncod
     for recipient in ("browser.search", "python"):  # the renderer's own order: recipient, then channel
         if f"to={recipient}" in text:
             assert f"<|start|>assistant to={recipient}<|channel|>analysis code<|message|>{body}<|call|>" in rendered
+
+
+def _sdk_check_cases() -> list[str]:
+    from conftest import CASES
+
+    wild = [json.loads(line)["text"] for line in CASES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return wild + [
+        '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary to=functions.f '
+        '<|constrain|>json<|message|>{"a": 1}<|call|>',
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+        '<|channel|>analysis to=browser.search code<|message|>{"query": "x"}<|call|>',
+        "<|channel|>final<|message|>cut",
+    ]
+
+
+@pytest.mark.parametrize("text", _sdk_check_cases())
+def test_every_object_and_event_validates_strictly_against_the_sdk(enc: hk.HarmonyEncoding, text: str) -> None:
+    """The newest installed openai SDK's own types, in strict mode: every object and every event."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from harmonykit.openai import ChatCompletionStream, ResponsesStream, completion_to_chat_completion
+
+    chat = {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+            "stream_options": {"include_usage": True}}
+    responses = {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}
+    events = TypeAdapter(ResponseStreamEvent)
+    toks = enc.encode(text, allowed_special="all")
+    for finish in ("stop", "length"):
+        ChatCompletion.model_validate(completion_to_chat_completion(enc, toks, request=chat, finish_reason=finish),
+                                      strict=True)
+        stream = ChatCompletionStream(enc, request=chat)
+        for chunk in stream.feed(toks) + stream.close(finish):
+            ChatCompletionChunk.model_validate(chunk, strict=True)
+        Response.model_validate(completion_to_response(enc, toks, request=responses, finish_reason=finish),
+                                strict=True)
+        rstream = ResponsesStream(enc, request=responses)
+        for event in rstream.feed(toks) + rstream.close(finish):
+            events.validate_python(event, strict=True)
