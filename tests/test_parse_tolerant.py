@@ -338,3 +338,16 @@ def test_a_header_strict_accepts_is_still_repaired_when_tolerant() -> None:
     for _ in range(2):  # the strict reading is kept for strict parses only
         result = _ENC.parse_completion(tokens)
         assert result.messages[0].channel == "final" and [r.kind for r in result.repairs] == ["channel_repaired"]
+
+
+@pytest.mark.parametrize("text", [
+    "<|channel|>final <|constrain|><|constrain|>final<|message|>x<|return|>",
+    "<|constrain|><|constrain|>final<|message|>x<|return|>",
+    "<|constrain|>final<|message|>x<|return|>",
+    "<|channel|>analysis <|constrain|> commentary<|message|>x<|end|>",
+])
+def test_a_channel_name_after_constrain_is_no_content_type(enc: hk.HarmonyEncoding, text: str) -> None:
+    """No control-token text in any field: ``<|constrain|>final`` is a channel name after junk."""
+    result = enc.parse_completion(enc.encode(text, allowed_special="all"))
+    assert [m.content_type for m in result.messages] == [None]
+    assert result.messages[0].channel in ("final", "analysis")

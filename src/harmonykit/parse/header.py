@@ -447,9 +447,11 @@ def repair_channel(value: str) -> str | None:
 
 def sound_header(header: Header, tools: frozenset[str] | None) -> bool:
     """Whether a header read by the reference's rules needs no repair: no control-token text
-    in a field, a known or unmangled channel, a content type after <|constrain|>, and a
-    plausible recipient."""
+    in a field, a known or unmangled channel, a content type (not a channel name) after
+    <|constrain|>, and a plausible recipient."""
     channel, ct = header.channel, header.content_type
+    if ct is not None and ct.startswith(CONSTRAIN_MARKER) and repair_channel(ct[len(CONSTRAIN_MARKER):]):
+        return False  # <|constrain|>final: a channel name is no content type
     return has_control_text(header) is None and ct != CONSTRAIN_MARKER \
         and (channel is None or channel in KNOWN_CHANNELS or repair_channel(channel) is None) \
         and (header.recipient is None or plausible_recipient(header.recipient, tools))

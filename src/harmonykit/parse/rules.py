@@ -278,6 +278,15 @@ def _constrained_types(r: Reading) -> None:
                 and not words[i + 1].text.startswith(CONSTRAIN_MARKER):
             value, end = value + words[i + 1].text, words[i + 1].end
             words[i + 1].used = True
+        if repair_channel(value[len(CONSTRAIN_MARKER) :]) is not None:
+            # <|constrain|>final: the word is a channel name, read as one; the marker is left to
+            # stray_markers, which sets it aside.
+            if value == w.text:
+                w.text, w.used = value[len(CONSTRAIN_MARKER) :], False
+                w.start += len(CONSTRAIN_MARKER)
+            else:
+                words[i + 1].used = False
+            continue
         if value == CONSTRAIN_MARKER or "<|" in value[len(CONSTRAIN_MARKER) :]:
             what = "with no content type" if value == CONSTRAIN_MARKER else f"{value!r} holding markup"
             r.rep("unknown_header_word", w.start, end, f"<|constrain|> {what} set aside")
