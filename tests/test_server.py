@@ -535,3 +535,30 @@ def test_an_endless_engine_line_is_cut_off(engine: tuple[Engine, str]) -> None:
                                                             messages=[{"role": "user", "content": "fault:bigline"}]):
                 reasons += [c.finish_reason for c in chunk.choices if c.finish_reason]
         assert reasons == ["error"]
+
+
+def test_slow_headers_are_cut_off_and_others_are_served() -> None:
+    """Sockets that open and send half a request head (or nothing), against the gateway's own
+    protocol, with --max-concurrency 2: they are closed, and other clients are served."""
+    import socket as socketlib
+
+    from harmonykit.server.http import uvicorn_options
+
+    with serving(Engine()) as up:
+        settings = Settings(upstream=(up,), max_concurrency=2, header_timeout=1.0)
+        with serving(create_app(settings), **uvicorn_options(settings.header_timeout)) as gw:
+            port = int(gw.rsplit(":", 1)[1])
+            slow = [socketlib.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+            try:
+                for s in slow[:10]:
+                    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+                answer = client(gw).chat.completions.create(model=MODEL,
+                                                            messages=[{"role": "user", "content": "load:4"}])
+                assert answer.choices[0].message.content == "answer 4"
+                t0 = time.monotonic()
+                for s in slow:
+                    assert s.recv(100) == b""  # closed by the gateway
+                assert time.monotonic() - t0 < 4
+            finally:
+                for s in slow:
+                    s.close()

@@ -288,6 +288,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         import uvicorn
 
         from .server import Settings, create_app
+        from .server.http import uvicorn_options
     except ImportError as e:
         raise CLIError(f"harmonykit serve needs the server extra: pip install 'harmonykit[server]' "
                        f"({e.name} is missing)") from None
@@ -300,7 +301,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("harmonykit.server").setLevel(logging.INFO)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                loop="auto", http="auto", lifespan="on", timeout_graceful_shutdown=5)
+                loop="auto", lifespan="on", timeout_graceful_shutdown=5,
+                **uvicorn_options(settings.header_timeout))
     return 0
 
 
@@ -392,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"give up on an engine silent this long: 504 (default 600) [{env}UPSTREAM_TIMEOUT]")
     p.add_argument("--max-concurrency", type=int, metavar="N",
                    help=f"requests served at once; more get 429 (default 512) [{env}MAX_CONCURRENCY]")
+    p.add_argument("--header-timeout", type=float, metavar="SECONDS",
+                   help=f"a request's headers must arrive within this, else the connection is closed "
+                        f"(default 10) [{env}HEADER_TIMEOUT]")
     p.add_argument("--body-timeout", type=float, metavar="SECONDS",
                    help=f"each piece of a request body must arrive within this, else 408 (default 30) "
                         f"[{env}BODY_TIMEOUT]")

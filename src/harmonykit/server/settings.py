@@ -31,6 +31,7 @@ class Settings:
     max_body_bytes: int = 16 * 1024 * 1024
     log_content: bool = False
     body_timeout: float = 30.0  # each piece of a request body must arrive within this (else 408)
+    header_timeout: float = 10.0  # a request's headers must arrive within this (else the socket is closed)
     health_interval: float = 5.0
     guided: str | None = None  # ask the engine to constrain generation: vllm or sglang
     engine: str | None = None  # vllm, sglang or llamacpp; None: recognised from /v1/models
@@ -59,8 +60,9 @@ class Settings:
         if self.api_key is not None and (not self.api_key.isascii() or not self.api_key.isprintable()):
             raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other characters, "
                              "so no client could ever send it")
-        if self.body_timeout <= 0:
-            raise ValueError(f"body_timeout must be positive, got {self.body_timeout}")
+        for name in ("body_timeout", "header_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 
@@ -84,7 +86,8 @@ class Settings:
 
 def _parse(name: str, raw: str) -> Any:
     kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
-             "health_interval": float, "max_tokens_default": int, "body_timeout": float}
+             "health_interval": float, "max_tokens_default": int, "body_timeout": float,
+             "header_timeout": float}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":
