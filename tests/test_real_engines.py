@@ -28,6 +28,7 @@ import harmonykit as hk
 from engine import serving
 from harmonykit.openai import render_chat_request
 from harmonykit.server import Settings, create_app
+from harmonykit.server.engines import Profile, profile_of
 from harmonykit.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 from real.servers import LOGS, SERVED, llama_server
 
@@ -106,7 +107,7 @@ def engine_ids(url: str, body: dict[str, Any]) -> list[int]:
     """The ids the engine generates for ``body`` (a Chat request) when asked directly."""
     prompt = render_chat_request(ENC, body).tokens
     limit = body.get("max_tokens", 1024 - len(prompt))
-    if _native(url) == "/completion":
+    if _profile(url).path == "/completion":
         r = httpx.post(url + "/completion", json={
             "prompt": prompt, "n_predict": limit, "seed": body["seed"], "return_tokens": True,
             "logit_bias": [[int(k), v] for k, v in body.get("logit_bias", {}).items()]}, timeout=120)
@@ -118,10 +119,10 @@ def engine_ids(url: str, body: dict[str, Any]) -> list[int]:
     return list(r.json()["choices"][0]["token_ids"])
 
 
-def _native(url: str) -> str:
+def _profile(url: str) -> Profile:
+    """Which engine this is, as the gateway recognises it (the request below is written here)."""
     with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
-        owner = json.loads(r.read())["data"][0].get("owned_by")
-    return "/completion" if owner == "llamacpp" else "/v1/completions"
+        return profile_of(json.loads(r.read()))
 
 
 def visible(obj: Any) -> str:

@@ -117,7 +117,7 @@ class VLLMParser:
         self._p = StreamableParser(encoding, Role.ASSISTANT, strict=False)
         self._out: list[Any] = []
         self._exposed = 0  # messages vLLM may see
-        self._shown = ""  # the open body's text shown so far
+        self._shown: list[str] = []  # the open body's deltas shown so far (joined once, at its end)
         # what vLLM reads after a token: channel, recipient, delta
         self._face: tuple[str | None, str | None, str | None] = (None, None, None)
         self._ended = False
@@ -135,7 +135,8 @@ class VLLMParser:
         self._exposed = len(p.messages)
         if p.state is StreamState.CONTENT:
             delta = p.last_content_delta
-            self._shown += delta or ""
+            if delta:
+                self._shown.append(delta)
             self._face = (_channel(p.current_channel, p.current_recipient), p.current_recipient, delta)
         else:
             self._face = (None, None, None)
@@ -158,8 +159,9 @@ class VLLMParser:
         out = []
         for m in completed:
             text = "".join(c.text for c in m.content if hasattr(c, "text"))
-            rest = text[len(self._shown):] if text.startswith(self._shown) else text
-            self._shown = ""
+            shown = "".join(self._shown)
+            rest = text[len(shown):] if text.startswith(shown) else text
+            self._shown = []
             if rest:
                 out.append((_channel(m.channel, m.recipient), m.recipient, rest))
         if len(out) > 1:  # shown together, under the first one's channel
@@ -176,7 +178,7 @@ class VLLMParser:
                 raw = m.to_dict()
                 raw["channel"] = _channel(raw.get("channel"), raw.get("recipient"))
                 self._out.append(Message.from_dict(raw))
-        return self._out[: self._exposed]
+        return self._out if len(self._out) == self._exposed else self._out[: self._exposed]
 
     @property
     def current_channel(self) -> str | None:

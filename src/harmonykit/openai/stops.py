@@ -39,7 +39,6 @@ class OutputEnd:
         self.encoding = encoding
         self.stops = [s.encode("utf-8") for s in stops if s]
         self.stopped = False  # a stop string matched: everything after it is dropped
-        self.dropped = 0  # tokens after the cut (the engine generated them; the client never sees them)
         self._held: list[tuple[int, bytes, Any]] = []
         self._header: list[int] = []  # tokens since the last <|start|>, until <|message|>
         self._in_body = False
@@ -48,7 +47,6 @@ class OutputEnd:
     def feed(self, ids: Sequence[int], logprobs: Sequence[Any] | None = None) -> tuple[list[int], list[Any]]:
         """The ids (and logprob entries) that can go on now."""
         if self.stopped:
-            self.dropped += len(ids)
             return [], []
         if not self.stops:
             self._track(ids)
@@ -57,8 +55,7 @@ class OutputEnd:
         out_lp: list[Any] = []
         for i, t in enumerate(ids):
             if self.stopped:
-                self.dropped += 1
-                continue
+                break
             lp = logprobs[i] if logprobs and i < len(logprobs) else None
             self._held.append((t, self.encoding.decode_bytes([t]), lp))
             self._scan(out_ids, out_lp)

@@ -19,8 +19,8 @@ into the engine's request and the engine's answer back into ``Piece``s, so no
 - llama.cpp server: its OpenAI ``/v1/completions`` returns no ids and drops
   end-of-generation tokens from ``text`` (unless ``--special``), so the native
   ``/completion`` is used: ``tokens`` with ``return_tokens`` (the stop token
-  included), ``stop_type`` (``eos``, ``limit``, ``word``), usage in
-  ``tokens_predicted``/``tokens_evaluated``, logprobs in ``completion_probabilities``
+  included, so ``tokens_predicted`` is their count), ``stop_type`` (``eos``, ``limit``,
+  ``word``), logprobs in ``completion_probabilities``
   with ``n_probs``; ``n_predict`` -1 runs to the context's end. Its grammar support
   cannot hold gpt-oss's control tokens (they are user-defined tokens there), so
   guided decoding is refused for it.
@@ -58,13 +58,12 @@ class Job:
 @dataclass
 class Piece:
     """Output of one engine event: token ids, their logprob entries (OpenAI Chat's
-    ``logprobs.content`` items, when asked), the finish reason once known, and usage
-    as the engine counted it (when it says)."""
+    ``logprobs.content`` items, when asked), and the finish reason once known. Usage is
+    counted from the ids, which are the engine's own count on every engine here."""
 
     ids: list[int]
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,7 @@ class Profile:
     """One engine's behaviour, as data and small functions."""
 
     name: str
-    path: str  # the completion endpoint
-    default_max_tokens: int | None  # what it generates when sent no limit (None: to the context's end)
+    path: str  # the completion endpoint (a limit is always sent: vLLM and SGLang default to 16)
     body: Callable[[Job, str, bool], dict[str, Any]]
     read: Callable[[dict[str, Any], HarmonyEncoding, int | None], Piece]  # choice, encoding, top logprobs
     context: Callable[[dict[str, Any]], int | None]
@@ -227,8 +225,7 @@ def _llama_read(event: dict[str, Any], encoding: HarmonyEncoding, top: int | Non
             tops = [(int(q["id"]), float(q["logprob"])) for q in p.get("top_logprobs") or []
                     if isinstance(q, dict) and isinstance(q.get("id"), int)]
             logprobs.append(_entry(encoding, ids[i], float(p.get("logprob", -math.inf)), tops[:top or 0]))
-    used = event.get("tokens_predicted") if reason is not None else None
-    return Piece(ids, reason, logprobs, used if isinstance(used, int) else None)
+    return Piece(ids, reason, logprobs)
 
 
 def _llama_context(card: dict[str, Any]) -> int | None:
@@ -239,16 +236,16 @@ def _llama_context(card: dict[str, Any]) -> int | None:
 
 PROFILES: dict[str, Profile] = {
     "vllm": Profile(
-        "vllm", "/v1/completions", 16,
+        "vllm", "/v1/completions",
         lambda job, model, stream: _openai_body(job, model, stream,
                                                 lambda g: {"structured_outputs": {"grammar": g}}),
         _openai_read, _model_context, _check_vllm, None),
     "sglang": Profile(
-        "sglang", "/v1/completions", 16,
+        "sglang", "/v1/completions",
         lambda job, model, stream: _openai_body(job, model, stream, lambda g: {"ebnf": g}),
         _openai_read, _model_context, _accept, None),
     "llamacpp": Profile(
-        "llamacpp", "/completion", None, _llama_body, _llama_read, _llama_context, _accept,
+        "llamacpp", "/completion", _llama_body, _llama_read, _llama_context, _accept,
         "llama.cpp reads gpt-oss's <|channel|>, <|message|>, <|start|>, <|constrain|> and <|end|> as "
         "user-defined text tokens, so its llguidance cannot hold them (it samples unconstrained "
         "with a 200); run guided decoding on vLLM or SGLang", streams_choices=False),
@@ -270,8 +267,7 @@ def profile_of(models: dict[str, Any], version: dict[str, Any] | None = None) ->
         for name in ENGINES:
             if name in owner:
                 return PROFILES[name]
-    if isinstance(version, dict) and isinstance(version.get("version"), str):
-        return PROFILES["vllm"]  # vLLM serves /version; an unknown engine speaks OpenAI like it
+    # vLLM also answers /version; an engine that says nothing speaks OpenAI's completions like it.
     return PROFILES["vllm"]
 
 
