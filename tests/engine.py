@@ -8,6 +8,7 @@ uvicorn on 127.0.0.1, a free port, a thread.
 
 The script is chosen by the last user message of the prompt it receives:
 ``case:ID`` replays a wild case; ``load:N`` answers ``answer N`` token by token;
+``headerless:N`` answers N words with no header;
 ``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
 ``reject``). Its streams split SSE frames mid-JSON.
 """
@@ -108,6 +109,8 @@ class Engine:
         elif kind == "long":
             text, finish = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final" \
                            "<|message|>" + " word" * int(arg) + "<|return|>", "stop"
+        elif kind == "headerless":  # an answer with no header at all: words straight after <|start|>assistant
+            text, finish = "".join(f" word{i}." for i in range(int(arg))) + "<|return|>", "stop"
         elif kind == "load":
             text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
                            f"<|channel|>final<|message|>answer {arg}<|return|>", "stop"

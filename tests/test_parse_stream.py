@@ -91,3 +91,74 @@ def test_messages_view_is_rebuilt_only_on_change(enc: hk.HarmonyEncoding) -> Non
     assert p.messages is first
     p.process(200007)
     assert p.messages is not first and len(p.messages) == 1
+
+
+_PIECES = ["<|start|>assistant", "<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather",
+           " to=browser.open", " code", " <|constrain|>json", "<|message|>", "<|end|>", "<|return|>",
+           "<|call|>", "{\"a\": 1}", " to", "\n", " ", "finalThe", "assistantfinal", "analysisWe"]
+
+
+@st.composite
+def long_headers(draw: st.DrawFn) -> list[int]:
+    """Outputs whose headers run past HEADER_LIMIT tokens: prose, with header pieces around it."""
+    text = ""
+    for _ in range(draw(st.integers(1, 4))):
+        text += "".join(draw(st.lists(st.sampled_from(_PIECES), max_size=4)))
+        words = draw(st.integers(0, 90))
+        text += "".join(f" w{i % 7}" for i in range(words))
+    return _ENC.encode(text, allowed_special="all")
+
+
+@SETTINGS
+@given(long_headers(), st.sampled_from([hk.Role.ASSISTANT, None]),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=6))
+def test_long_headers_same_result_however_tokens_arrive(tokens: list[int], role: hk.Role | None,
+                                                        cuts: list[int]) -> None:
+    batch = _ENC.parse_completion(tokens, role)
+    assert one_by_one(tokens, role) == batch
+    assert in_runs(tokens, role, [c for c in cuts if c <= len(tokens)]) == batch
+    covered = sorted(batch.spans + batch.skipped)  # every token accounted for, once
+    pos = 0
+    for start, end in covered:
+        assert start == pos
+        pos = end
+    assert pos == len(tokens)
+
+
+@SETTINGS
+@given(long_headers(), st.sampled_from([hk.Role.ASSISTANT, None]))
+def test_long_headers_deltas_are_never_taken_back(tokens: list[int], role: hk.Role | None) -> None:
+    p = hk.StreamableParser(_ENC, role, strict=False)
+    shown: list[str] = []
+    for t in tokens:
+        before = len(p.messages)
+        p.process(t)
+        if len(p.messages) > before:
+            if shown:
+                assert p.messages[before].content[0].text.startswith("".join(shown))  # type: ignore[union-attr]
+            shown = []
+        if p.last_content_delta is not None:
+            shown.append(p.last_content_delta)
+            assert p.current_content == "".join(shown)
+
+
+def test_a_long_header_is_a_body_from_the_bound_on() -> None:
+    from harmonykit.parse.machine import HEADER_LIMIT
+
+    tokens = _ENC.encode("".join(f" word{i}." for i in range(200)) + "<|return|>", allowed_special="all")
+    p = hk.StreamableParser(_ENC, hk.Role.ASSISTANT, strict=False)
+    for k, t in enumerate(tokens):
+        p.process(t)
+        if p.current_content:
+            break
+    assert k == HEADER_LIMIT - 1 and p.current_content.startswith("word0. word1.")
+    # text that may still be a recipient, should <|message|> follow, is held back
+    p = hk.StreamableParser(_ENC, hk.Role.ASSISTANT, strict=False)
+    for t in _ENC.encode("<|channel|>analysis" + "".join(f" word{i}." for i in range(60)) + " Let's open to=browser.open code",
+                         allowed_special="all"):
+        p.process(t)
+    assert p.current_content.endswith("Let's open") and p.current_channel == "analysis"
+    for t in _ENC.encode("<|message|>{}<|call|>", allowed_special="all"):
+        p.process(t)
+    assert [(m.channel, m.recipient) for m in p.messages] == [("analysis", None), ("analysis", "browser.open")]
+    assert p.messages[0].content[0].text.endswith("Let's open")  # type: ignore[union-attr]

@@ -562,3 +562,29 @@ def test_slow_headers_are_cut_off_and_others_are_served() -> None:
             finally:
                 for s in slow:
                     s.close()
+
+
+def test_a_headerless_answer_streams_before_its_end() -> None:
+    """Point 10 of #15: an answer with no header (no <|channel|>, no <|message|>) is shown as it
+    is generated, from the HEADER_LIMIT-th token on, not all at once at its end."""
+    from harmonykit.parse.machine import HEADER_LIMIT
+
+    eng = Engine(chunk=1, split_frames=False)
+    eng.delay = 0.004
+    with serving(eng) as up, serving(create_app(Settings(upstream=(up,)))) as gw:
+        begun = time.monotonic()
+        stream = client(gw).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "headerless:400"}], stream=True, max_tokens=2000)
+        first, chunks, parts = None, 0, []
+        for chunk in stream:
+            text = chunk.choices[0].delta.content if chunk.choices else None
+            if text:
+                chunks += 1
+                first = time.monotonic() - begun if first is None else first
+                parts.append(text)
+        total = time.monotonic() - begun
+    assert first is not None and "".join(parts).startswith("word0. word1.")
+    assert "".join(parts).endswith("word399.")
+    # 400 words are 800 tokens; the text starts after at most HEADER_LIMIT of them
+    assert chunks > 700 and first < total / 4, (first, total)
+    assert HEADER_LIMIT <= 64

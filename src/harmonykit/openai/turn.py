@@ -22,8 +22,12 @@ Events (``Event``) are ``open`` / ``text`` of kind ``reasoning``, ``content`` or
   passes verbatim; a call cut off by ``max_tokens`` is returned with what it
   has, marked incomplete;
 - text without a channel (at the start, or after ``<|end|>`` at the end) is
-  held until the end: it is the answer when the turn has no ``final``
-  message, reasoning otherwise;
+  held for its first ``HEADER_LIMIT`` tokens: when it ends sooner, it is the
+  answer when the turn has no ``final`` message, reasoning otherwise; past
+  that it streams, as reasoning when a ``final`` came before it, else as the
+  answer (the parser reads a header that long with no ``<|message|>`` as a body
+  for the same reason: the answer of a model that left out its header must not
+  wait for the end);
 - everything after the first call is the engine running past ``<|call|>``:
   set aside, with a note.
 """
@@ -39,6 +43,7 @@ from typing import Any, ClassVar, NamedTuple
 from ..encoding import HarmonyEncoding
 from ..model import Message, Role, StreamState
 from ..parse.header import Header, named_nothing
+from ..parse.machine import HEADER_LIMIT
 from ..parse.stream import StreamableParser
 from ..tokens import STOP_TOKEN_SET, as_token_ids
 from .errors import StreamClosed
@@ -354,12 +359,26 @@ class Turn:
         return op
 
     def _delta(self, op: _Open, text: str) -> None:
+        if op.route == "pending" and self.parser.open_length >= HEADER_LIMIT:
+            self._stream_pending(op)
+            return
         op.emitted += len(text)
         if op.route in ("reasoning", "content"):
             self._text(op.route, op.key, text)
         elif op.route == "call":
             assert op.args is not None
             self._text("call", op.key, op.args.feed(text))
+
+    def _stream_pending(self, op: _Open) -> None:
+        """Text without a channel, too long to hold: shown from here, with what came before it."""
+        kind = "reasoning" if self._has_final else "content"
+        if self._pending:
+            self._flush_pending(kind)
+        op.route = kind
+        op.note = Note("headerless_text", f"text without a channel shown as {kind}")
+        text = self.parser.content
+        op.emitted = len(text)
+        self._text(kind, op.key, text)
 
     def _text(self, kind: str, key: int, text: str) -> None:
         if not text and kind != "call":

@@ -42,6 +42,7 @@ from ..tokens import (
 from .header import (
     Header,
     HeaderError,
+    HeaderText,
     decode_header,
     fix_lone_constrain,
     has_control_text,
@@ -51,10 +52,13 @@ from .header import (
     split_stripped_markup,
 )
 from .result import ParseResult, Repair
-from .rules import resolve
+from .rules import Resolution, resolve
 
 REPLACEMENT: Final = "\ufffd"
 _WORDISH: Final = re.compile(r"\w\w|[^\W\d_]")  # two word characters, or one letter
+# The end of a body read from a long header that may still be header fields, should
+# <|message|> follow: "... Let's open to=browser.open code".
+_MAYBE_FIELDS: Final = re.compile(r"\s*\bto(?:=\S*(?:[ \t]+\S+){0,2}[ \t]*)?$")
 
 
 class Kind(Enum):
@@ -74,6 +78,10 @@ class Kind(Enum):
 
 HeaderCache = dict[tuple[tuple[int, ...], Role | None, frozenset[str] | None, bool], Header]
 HEADER_CACHE_LIMIT: Final = 4096  # headers kept per encoding (then read each time)
+#: Tolerant mode: a header this many tokens long with no ``<|message|>`` can no longer become
+#: one (a role, a channel, a recipient and a content type take a few tokens each), and once it
+#: holds words that no header field takes, those words are a body and stream as one.
+HEADER_LIMIT: Final = 64
 
 _SPECIAL_KINDS: Final = {
     START: Kind.START,
@@ -114,14 +122,14 @@ TOLERANT: Final[dict[StreamState, dict[Kind, str]]] = {
         K.MESSAGE: "open_implicit",
         K.STOP: "stray_stop",
     },
-    S.HEADER: {k: "push" for k in Kind}
+    S.HEADER: {k: "grow_header" for k in Kind}
     | {K.MESSAGE: "close_header", K.STOP: "headerless", K.START: "restart_header"},
     S.CONTENT: {
         K.TEXT: "body_text",
         K.STOP: "close_body",
         K.START: "header_in_body",
         K.CHANNEL: "header_in_body",
-        K.MESSAGE: "body_control",
+        K.MESSAGE: "body_message",
         K.CONSTRAIN: "body_control",
         K.SPECIAL: "body_control",
         K.INVALID: "body_invalid",
@@ -195,6 +203,13 @@ class Machine:
         self._cursor = 0  # first token not yet in a span or skipped range
         self.header_tokens: list[int] = []
         self._weak = False  # the header is stray text, not a message begun with <|start|>
+        self._bound_at = HEADER_LIMIT  # header length at which to try reading it as a body
+        # A body read from a long header ("loose"): <|message|> may still come and make it a
+        # header after all; until then the text that could be header fields is held (``_tail``).
+        self._loose = False
+        self._loose_role: Role | None = None
+        self._loose_repairs = 0  # len(repairs) before the header was read as a body
+        self._tail = ""
         # The body being read: its header, its text delta by delta, bytes not yet
         # valid UTF-8, the reference's undecodable tail (strict), the joined text.
         self.header: Header | None = None
@@ -224,7 +239,8 @@ class Machine:
             token = token_id(token, f"token {index}")
         self._tokens.append(token)
         self._table[self.state][kind_of(token)](self, token, index)
-        self._plain_body = self.state is S.CONTENT and not self.pending and not self._poisoned
+        self._plain_body = (self.state is S.CONTENT and not self.pending and not self._poisoned
+                            and not self._loose)
         return self
 
     def feed_text(self, run: Sequence[int]) -> None:
@@ -232,7 +248,8 @@ class Machine:
         if not run:
             return
         self._feed_text(run)
-        self._plain_body = self.state is S.CONTENT and not self.pending and not self._poisoned
+        self._plain_body = (self.state is S.CONTENT and not self.pending and not self._poisoned
+                            and not self._loose)
 
     def _feed_text(self, run: Sequence[int]) -> None:
         if self.state is S.CONTENT and not self._poisoned:
@@ -246,8 +263,7 @@ class Machine:
                 return
             self._tokens += run
             self.pending.clear()
-            self.parts.append(text)
-            self.last_content_delta = text
+            self._add_text(text)
             return
         if self.state is S.CONTENT:
             self._tokens += run
@@ -255,8 +271,16 @@ class Machine:
             self.last_content_delta = None
             return
         if self.state is S.HEADER:
-            self._tokens += run
-            self.header_tokens += run
+            room = self._bound_at - len(self.header_tokens)
+            if self.strict or len(run) < room:
+                self._tokens += run
+                self.header_tokens += run
+                return
+            # The bound falls inside the run: decide where one-by-one feeding would.
+            self._tokens += run[:room]
+            self.header_tokens += run[:room]
+            self._header_past_bound()
+            self._feed_text(run[room:])
             return
         # Between messages: the first token decides, the rest follows as header text.
         self.feed(run[0])
@@ -276,8 +300,12 @@ class Machine:
             self.open_at_end = not self._weak and (bool(self.header_tokens) or self._cursor < index)
             self._close_header_without_body(index, terminated=False)
         elif self.state is S.CONTENT:
-            self.open_at_end = True
+            # Stray text after a message, read as a body past the bound, leaves the turn complete
+            # as it would have as stray text.
+            stop, self.open_at_end = self.stop, not self._weak
             self._finish_body(index, None)
+            if self._weak:
+                self.stop = stop
         if self.open_at_end:
             self.stop = None
         self.ended = True
@@ -297,6 +325,7 @@ class Machine:
         self.state = S.HEADER
         self.header_tokens = tokens
         self._weak = weak
+        self._bound_at = HEADER_LIMIT
         if implied:
             self.next_role = self.next_role or self._default_role
 
@@ -324,6 +353,56 @@ class Machine:
     def _push(self, token: int, index: int) -> None:
         self.header_tokens.append(token)
 
+    def _grow_header(self, token: int, index: int) -> None:
+        self.header_tokens.append(token)
+        if len(self.header_tokens) >= self._bound_at:
+            self._header_past_bound()
+
+    def _header_past_bound(self) -> None:
+        """A header of ``HEADER_LIMIT`` tokens or more: when its words are not all header
+        fields, the rest is the body, open from here (it streams instead of waiting for
+        the end). Otherwise it is read again once it has grown by a quarter."""
+        tokens = self.header_tokens
+        self._bound_at = len(tokens) + max(HEADER_LIMIT, len(tokens) // 4)
+        end = len(self._tokens)
+        start = end - len(tokens)
+        ht = decode_header(tokens, start, self._token_bytes, self._decode_run)
+        pieces = None if ht.has_special else split_stripped_markup(ht.text)
+        if pieces:
+            if pieces[-1][0] != "final":
+                return  # stripped markup is split by what is still to come; the answer comes last
+            role = self.next_role or self._default_role
+            for channel, recipient, content_type, body, _s, e in pieces[:-1]:
+                self._emit(Header(role, None, recipient, channel, content_type), body,
+                           max(ht.token_after(e), self._cursor + 1))
+            channel, recipient, content_type, body, _s, _e = pieces[-1]
+            self.repairs += ht.repairs
+            self.repairs.append(Repair("stripped_markup", start, end,
+                                       f"{len(pieces)} messages read from text without special tokens"))
+            self._open_body(Header(role, None, recipient, channel, content_type), body)
+            return
+        res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=False)
+        body = res.leftover.lstrip()
+        if not _WORDISH.search(body):
+            return
+        loose_repairs, role = len(self.repairs), self.next_role
+        self.repairs += ht.repairs + res.repairs
+        if self._weak:
+            self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
+        self.repairs.append(Repair("missing_message_token", start, end,
+                                   f"{len(tokens)} header tokens without <|message|>; "
+                                   "the rest became the body"))
+        self._open_body(res.header, "")
+        self._loose, self._loose_role, self._loose_repairs = True, role, loose_repairs
+        self._add_text(body)
+
+    def _open_body(self, header: Header, text: str) -> None:
+        self.next_role = None
+        self.header_tokens = []
+        self._reset_body(header)
+        self.state = S.CONTENT
+        self._add_text(text)
+
     def _restart_header(self, token: int, index: int) -> None:
         if not self.header_tokens:
             self.repairs.append(Repair("doubled_start", index, index + 1, "<|start|> repeated"))
@@ -344,6 +423,7 @@ class Machine:
             if sound and len(self._header_cache) < HEADER_CACHE_LIMIT:
                 self._header_cache[key] = header
         self.next_role = None
+        self._weak = False
         self._reset_body(header)
         self.state = S.CONTENT
 
@@ -405,20 +485,16 @@ class Machine:
             self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
         res = resolve(ht, self.next_role, self._default_role, self.tools, with_body=True)
         self.repairs += ht.repairs
-        prose = res.leftover.strip()
-        if prose and len(prose.split()) >= 3:
-            split = ht.token_after(res.leftover_end)
-            if res.leftover_end <= res.fields_start and start < split < index:
-                # Free text before the recipient: a message of its own, before this one.
-                self._emit(
-                    Header(res.header.role, res.header.name, None, res.header.channel, None),
-                    prose, split,
-                )
-                self.repairs.append(Repair("prose_in_header", start, split,
-                                           "text in the header became a message of its own"))
-            else:
-                res.repairs.append(Repair("prose_in_header", start, index,
-                                          f"text in the header set aside: {prose!r}"))
+        prose, split = _prose_of(ht, res, start, index)
+        if split is not None:
+            # Free text before the recipient: a message of its own, before this one.
+            self._emit(Header(res.header.role, res.header.name, None, res.header.channel, None),
+                       prose, split)
+            self.repairs.append(Repair("prose_in_header", start, split,
+                                       "text in the header became a message of its own"))
+        elif prose and len(prose.split()) >= 3:
+            res.repairs.append(Repair("prose_in_header", start, index,
+                                      f"text in the header set aside: {prose!r}"))
         elif prose:
             res.repairs.append(Repair("unknown_header_word", ht.token_at(res.leftover_start),
                                       max(ht.token_at(res.leftover_end - 1) + 1, start + 1),
@@ -512,6 +588,14 @@ class Machine:
                 if not self.strict:
                     self.repairs.append(Repair("invalid_utf8", index, index + 1,
                                                "bytes that are not UTF-8 became U+FFFD"))
+        self._add_text(text)
+
+    def _add_text(self, text: str) -> None:
+        if self._loose:
+            text = self._tail + text
+            m = _MAYBE_FIELDS.search(text)
+            cut = m.start() if m else len(text)
+            text, self._tail = text[:cut], text[cut:]
         if text:
             self.parts.append(text)
             self.last_content_delta = text
@@ -533,6 +617,27 @@ class Machine:
         self.repairs.append(Repair("control_token_in_body", index, index + 1,
                                    f"{SPECIAL_TOKEN_NAMES[token]} removed from a body"))
         self.last_content_delta = None
+
+    def _body_message(self, token: int, index: int) -> None:
+        if not (self._loose and "to=" in self._tail and self._splits_as_shown(index)):
+            self._body_control(token, index)
+            return
+        # The long header did reach <|message|> after a recipient: read it as a header after
+        # all, as if it had never been a body. What was shown of it is the message of its own
+        # that its text before the fields becomes.
+        del self.repairs[self._loose_repairs :]
+        self.state = S.HEADER
+        self.header_tokens = self._tokens[self._cursor : index]
+        self.next_role = self._loose_role
+        self.last_content_delta = None
+        self._close_header(token, index)
+
+    def _splits_as_shown(self, index: int) -> bool:
+        start = self._cursor
+        ht = decode_header(self._tokens[start:index], start, self._token_bytes, self._decode_run)
+        res = resolve(ht, self._loose_role, self._default_role, self.tools, with_body=True)
+        prose, split = _prose_of(ht, res, start, index)
+        return split is not None and prose == self.content.strip()
 
     def _header_in_body(self, token: int, index: int) -> None:
         if self.parts or self.pending:
@@ -563,6 +668,8 @@ class Machine:
     def _finish_body(self, end: int, stop_token: int | None) -> None:
         header = self.header
         assert header is not None
+        if self._tail:
+            self.parts.append(self._tail)
         text = self.content
         if self._poisoned:
             text += REPLACEMENT
@@ -584,6 +691,7 @@ class Machine:
         self.pending = bytearray()
         self._poisoned = []
         self._joined, self._joined_parts = "", 0
+        self._loose, self._tail = False, ""
 
     def content_tokens(self) -> list[int]:
         """The body re-encoded delta by delta (what the reference's state shows)."""
@@ -602,6 +710,11 @@ class Machine:
             joined += "".join(parts[self._joined_parts :])
             self._joined, self._joined_parts = joined, len(parts)
         return self._joined
+
+    @property
+    def open_length(self) -> int:
+        """Tokens of the message being read so far (header and body); 0 between messages."""
+        return len(self._tokens) - self._cursor if self.state is not S.EXPECT_START else 0
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -637,6 +750,17 @@ class Machine:
 
 
 _Action = Callable[[Machine, int, int], None]
+
+
+def _prose_of(ht: HeaderText, res: Resolution, start: int, index: int) -> tuple[str, int | None]:
+    """A header's free text, and the token at which it becomes a message of its own: when it
+    is a few words before the recipient and content type (None: it is set aside)."""
+    prose = res.leftover.strip()
+    if prose and len(prose.split()) >= 3:
+        split = ht.token_after(res.leftover_end)
+        if res.leftover_end <= res.fields_start and start < split < index:
+            return prose, split
+    return prose, None
 
 
 def _compile(table: dict[StreamState, dict[Kind, str]]) -> dict[StreamState, dict[Kind, _Action]]:
