@@ -8,6 +8,7 @@ cost linear in the output (1M tokens ~ 10x 100k).
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -84,6 +85,57 @@ def completion(enc: hk.HarmonyEncoding, n_tokens: int) -> list[int]:
     return enc.encode(text, allowed_special="all")[: n_tokens]
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def agent_loop(enc: hk.HarmonyEncoding, ref: Any) -> None:
+    """#17: an agent's next request re-sends its history; only the new message is new."""
+    from workloads import agent_request
+
+    from harmonykit.cache import disabled
+    from harmonykit.openai import render_chat_request
+    from harmonykit.openai.request import MESSAGE_CACHE
+
+    request = agent_request(40)
+    history = request["messages"]
+    steps = iter(range(10**9))
+
+    def next_step() -> dict[str, Any]:  # a new message each time, as an agent's next request
+        return {**request, "messages": [*history, {"role": "user", "content": f"Step {next(steps)}: go on."}]}
+
+    render_chat_request(enc, request)
+    prompt = render_chat_request(enc, next_step())
+    conversation = oh.Conversation.from_json(prompt.conversation.to_json())
+    assert ref.render_conversation_for_completion(conversation, oh.Role.ASSISTANT) == prompt.tokens
+
+    def cold() -> None:
+        with disabled():
+            render_chat_request(enc, next_step())
+
+    t_cold = best(cold, repeat=5, number=3)
+    t_warm = best(lambda: render_chat_request(enc, next_step()), repeat=5, number=20)
+    t_ref = best(lambda: ref.render_conversation_for_completion(conversation, oh.Role.ASSISTANT), repeat=5)
+    print(f"\nAgent loop: 40 turns, 10 tools, a call and a 3,000-character result each "
+          f"({len(prompt.tokens)} tokens), one new message:")
+    report("render_chat_request, history cached vs cold", t_warm, t_cold)
+    report("  the same, vs the reference rendering it", t_warm, t_ref)
+
+    # 100k distinct conversations: the message cache stays under its bound.
+    MESSAGE_CACHE.clear()
+    gc.collect()
+    before = _rss_mb()
+    for i in range(100_000):
+        render_chat_request(enc, {"messages": [
+            {"role": "user", "content": f"Question {i}: what is the weather in city {i % 977}?"},
+            {"role": "assistant", "reasoning_content": f"Look up city {i}.", "content": f"It is {i % 40} degrees."},
+            {"role": "user", "content": f"And tomorrow, for conversation {i}?"}]})
+    print(f"  100k distinct conversations: message cache {MESSAGE_CACHE.used / 2**20:.1f} MB of its "
+          f"{MESSAGE_CACHE.budget / 2**20:.0f} MB bound ({len(MESSAGE_CACHE)} entries); "
+          f"resident size grew {_rss_mb() - before:.0f} MB")
+
+
 def main() -> None:
     enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
     ref = oh.load_harmony_encoding(oh.HarmonyEncodingName.HARMONY_GPT_OSS)
@@ -112,6 +164,8 @@ def main() -> None:
     t_ours = best(lambda: [render(hk, enc, s) for s in SCENARIOS.values()], number=5)
     t_ref = best(lambda: [render(oh, ref, s) for s in SCENARIOS.values()], number=5)
     report(f"the {len(SCENARIOS)} golden scenarios (build + render)", t_ours, t_ref)
+
+    agent_loop(enc, ref)
 
     print("\nParsing (batch, parse_messages_from_completion_tokens):")
     for size in (1000, 8000):

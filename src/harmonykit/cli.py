@@ -412,6 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-default", type=int, metavar="N",
                    help="the output limit sent when the client gives none and the engine does not say its "
                         f"context length (default 4096) [{env}MAX_TOKENS_DEFAULT]")
+    p.add_argument("--render-cache-mb", type=int, metavar="MB",
+                   help="megabytes of rendered conversation messages kept, so that an agent loop re-sending "
+                        f"its history pays for its new messages only; 0 turns it off (default 64) "
+                        f"[{env}RENDER_CACHE_MB]")
     p.add_argument("--log-content", action="store_true",
                    help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
     p.set_defaults(func=cmd_serve)

@@ -8,10 +8,12 @@ becomes a special token: it is encoded with ``encode_ordinary``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import tiktoken
 
+from .cache import ENTRY_BYTES, LRU, TOKEN_BYTES
 from .errors import HarmonyError
 from .model import (
     Content,
@@ -30,6 +32,18 @@ _EFFORT = {"Low": "low", "Medium": "medium", "High": "high"}
 _ROLE_DEBUG = {r: r.value.capitalize() for r in Role}
 _FUNCTIONS_ROUTING = "Calls to these tools must go to the commentary channel: 'functions'."
 _PIECE_CACHE_LIMIT = 4096
+# Where a system or developer message's text is cut, each part encoded on its own (and kept):
+# at the start of each tool of a ``namespace`` block, so that a new tool set costs only its new
+# tools. Each cut provably gives the tokens of the whole (o200k's pre-tokenizer splits the
+# text into chunks that BPE never merges across, and no part of its pattern looks behind):
+# - after ``//`` and before a space and a letter: the chunk holding the ``/`` is punctuation
+#   (``[\r\n/]*`` may follow it, a space may not), and a chunk may begin with one space;
+# - after a newline and before a letter: a chunk holding a newline is white space or ends
+#   with it, and a chunk's optional first character is never a newline.
+# tests/test_render.py checks cut against whole encodes.
+_SEAM = re.compile(r"\n\n(?://(?= [A-Za-z])|(?=type |namespace ))")  # cut at its end
+#: Bytes of system and developer message parts kept encoded (``_SEAM``).
+SECTION_CACHE_BYTES = 8 << 20
 
 
 class Renderer:
@@ -37,6 +51,7 @@ class Renderer:
 
     def __init__(self, bpe: tiktoken.Encoding) -> None:
         self._encode = ordinary_encoder(bpe)
+        self._parts: LRU[str, tuple[int, ...]] = LRU(SECTION_CACHE_BYTES)
         self._pieces: dict[str, list[int]] = {}
         self._headers: dict[tuple[Role, str | None, str | None, str | None, str | None], list[int]] = {}
 
@@ -48,6 +63,21 @@ class Renderer:
             if len(self._pieces) < _PIECE_CACHE_LIMIT:
                 self._pieces[text] = toks
         return toks
+
+    def _encode_sections(self, text: str, out: list[int]) -> None:
+        """Append ``text``'s tokens, part by part (``_SEAM``); parts met before are not
+        encoded again."""
+        parts = self._parts
+        start = 0
+        for seam in [*_SEAM.finditer(text), None]:
+            end = seam.end() if seam is not None else len(text)
+            part = text[start:end]
+            start = end
+            toks = parts.get(part)
+            if toks is None:
+                toks = tuple(self._encode(part))
+                parts.put(part, toks, ENTRY_BYTES + 2 * len(part) + TOKEN_BYTES * len(toks))
+            out += toks
 
     def render_message(
         self, message: Message, has_function_tools: bool, out: list[int]
@@ -106,14 +136,14 @@ class Renderer:
                 raise HarmonyError(
                     f"SystemContent may only appear in system messages, found in {_ROLE_DEBUG[role]}"
                 )
-            out += self._encode(system_text(content, has_function_tools))
+            self._encode_sections(system_text(content, has_function_tools), out)
         elif isinstance(content, DeveloperContent):
             if role is not Role.DEVELOPER:
                 raise HarmonyError(
                     "DeveloperContent may only appear in developer messages, "
                     f"found in {_ROLE_DEBUG[role]}"
                 )
-            out += self._encode(developer_text(content))
+            self._encode_sections(developer_text(content), out)
         else:
             raise HarmonyError(f"cannot render content of type {type(content).__name__}")
 

@@ -18,6 +18,8 @@ import json
 import math
 from typing import Any
 
+from .cache import PartsCache
+
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 
 
@@ -281,6 +283,25 @@ def rust_lines(text: str) -> list[str]:
     return lines
 
 
+#: Tools as TypeScript, by definition: a tool set that is new only in some of its tools
+#: pays for those.
+TOOL_CACHE: PartsCache[list[str]] = PartsCache(size=4096)
+
+
+def tool_lines(name: str, description: str, parameters: dict[str, Any] | None) -> list[str]:
+    """One tool's lines in a ``namespace`` block: its description, then its type."""
+
+    def build() -> list[str]:
+        out = [f"// {line}" for line in rust_lines(description)]
+        if parameters is not None:
+            out.append(f"type {name} = (_: {schema_to_typescript(parameters, '')}) => any;\n")
+        else:
+            out.append(f"type {name} = () => any;\n")
+        return out
+
+    return TOOL_CACHE.get((name, description, parameters), build)
+
+
 def tools_section(namespaces: dict[str, Any]) -> str:
     """The ``# Tools`` section for a map of namespace name -> ToolNamespaceConfig."""
     sections = ["# Tools"]
@@ -294,14 +315,7 @@ def tools_section(namespaces: dict[str, Any]) -> str:
         if ns.tools:
             part.append(f"namespace {ns.name} {{\n")
             for tool in ns.tools:
-                for line in rust_lines(tool.description):
-                    part.append(f"// {line}")
-                if tool.parameters is not None:
-                    part.append(
-                        f"type {tool.name} = (_: {schema_to_typescript(tool.parameters, '')}) => any;\n"
-                    )
-                else:
-                    part.append(f"type {tool.name} = () => any;\n")
+                part += tool_lines(tool.name, tool.description, tool.parameters)
             part.append(f"}} // namespace {ns.name}")
         sections.append("\n".join(part))
     return "\n\n".join(sections)

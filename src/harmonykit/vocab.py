@@ -181,11 +181,16 @@ def ordinary_encoder(bpe: tiktoken.Encoding) -> Callable[[str], list[int]]:
     >>> encode("a" + " " * 300 + "b") == load_bpe().encode_ordinary("a" + " " * 300 + "b")
     True
     """
-    raw = bpe.encode_ordinary
+    # tiktoken's own encode_ordinary is this call plus a retry for unpaired surrogates; calling
+    # it here saves a Python frame on every message rendered.
+    raw = getattr(getattr(bpe, "_core_bpe", None), "encode_ordinary", None) or bpe.encode_ordinary
 
     def encode(text: str) -> list[int]:
         if len(text) < _RUN_LIMIT:
-            return raw(text)
+            try:
+                return raw(text)
+            except UnicodeEncodeError:
+                return bpe.encode_ordinary(text)  # replaces unpaired surrogates as tiktoken does
         return _encode_long(bpe, text)
 
     return encode

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..encoding import HarmonyEncoding
-from ..model import Message, Role
+from ..model import Role
 from ..openai.errors import RequestError
-from ..openai.request import api_of, read_chat_request, read_responses_request
+from ..openai.request import Request, api_of, read_chat_request, read_responses_request
 from ..render import analysis_drop_boundary
 from ..tokens import END, RETURN
 
@@ -25,12 +25,13 @@ TRAIN_ON = ("last_turn", "all_assistant")
 COT = ("inference", "reference")
 
 
-def _messages(encoding: HarmonyEncoding, record: dict[str, Any]) -> tuple[Any, list[Message]]:
+def _read(encoding: HarmonyEncoding, record: dict[str, Any]) -> Request:
     if not isinstance(record, dict):
         raise RequestError(None, f"a record must be an object, got {type(record).__name__}")
+    # A dataset's records rarely share a message: the message cache would only churn.
     if api_of(record) == "responses":
-        return read_responses_request(encoding, record)
-    return read_chat_request(encoding, record)
+        return read_responses_request(encoding, record, cache=False)
+    return read_chat_request(encoding, record, cache=False)
 
 
 def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_on: str = "last_turn",
@@ -60,8 +61,9 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
         raise ValueError(f"train_on must be one of {', '.join(TRAIN_ON)}, got {train_on!r}")
     if cot not in COT:
         raise ValueError(f"cot must be one of {', '.join(COT)}, got {cot!r}")
-    head, rest = _messages(encoding, record)
-    messages = [*head.messages, *rest]
+    read = _read(encoding, record)
+    head = read.head
+    messages = [*head.messages, *read.messages]
     first = len(head.messages)
     users = [i for i in range(first, len(messages)) if messages[i].author.role is Role.USER]
     last_user = users[-1] if users else -1
@@ -71,7 +73,6 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
                            "the record has no assistant answer after its last user message to train on")
     # The chain-of-thought rule over the history only (inference) or the whole record (reference).
     drop = analysis_drop_boundary(messages[:turn] if cot == "inference" else messages, None)
-    render = encoding._renderer.render_message
     tokens = list(head.tokens)
     labels = [IGNORE] * len(tokens)
     mask = [0] * len(tokens)
@@ -82,7 +83,7 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
         if m.channel == "analysis" and i < drop:
             continue
         start = len(tokens)
-        render(m, head.has_tools, tokens)
+        tokens += read.tokens[i - first]
         end = len(tokens)
         assistant = m.author.role is Role.ASSISTANT
         if not assistant:

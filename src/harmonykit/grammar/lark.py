@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..openai.cache import PartsCache
+from ..cache import PartsCache
 from ..openai.errors import RequestError, shown
 from ..openai.names import ToolNames
 from ..openai.request import api_of

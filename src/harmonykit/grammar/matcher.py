@@ -14,8 +14,8 @@ import llguidance
 import numpy as np
 from llguidance.tiktoken import lltokenizer_from_encoding
 
+from ..cache import PartsCache
 from ..encoding import HarmonyEncoding
-from ..openai.cache import PartsCache
 from ..openai.errors import RequestError
 from ..tokens import ENDOFTEXT, N_VOCAB
 from .lark import harmony_grammar

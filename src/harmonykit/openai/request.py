@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cache import ENTRY_BYTES, LRU, MESSAGE_BYTES, TOKEN_BYTES, PartsCache, compact_key, parts_key
 from ..encoding import HarmonyEncoding
 from ..model import (
     Author,
@@ -25,9 +26,8 @@ from ..model import (
     text_author,
     text_message,
 )
-from ..render import analysis_drop_boundary, conversation_has_function_tools
+from ..render import analysis_drop_boundary
 from ..tokens import CALL, RETURN, START
-from .cache import PartsCache
 from .errors import RequestError, shown
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
@@ -78,9 +78,17 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
     return "".join(out)
 
 
+#: Tool definitions read before (checked, named): a new tool set pays only for its new tools.
+TOOL_SPECS: PartsCache[ToolDescription] = PartsCache(size=4096)
+
+
 def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     """A function tool, rendered under its identifier. Chat nests it under "function",
     Responses does not; either API accepts either shape."""
+    return TOOL_SPECS.get((nested, spec), lambda: _read_tool(spec, param, nested))
+
+
+def _read_tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     if not isinstance(spec, dict) or spec.get("type", "function") != "function":
         kind = spec.get("type") if isinstance(spec, dict) else type(spec).__name__
         raise RequestError(param, f"only function tools are supported, got {shown(kind)}")
@@ -195,26 +203,82 @@ def _message(role: Role, text: str, *, name: str | None = None, channel: str | N
 _AUTHORS = {role: Author(role=role) for role in Role}
 
 
-class _Builder:
-    """Collects a request's messages into a Harmony conversation."""
+#: Rendered conversation messages, by the client's message (or input item) they came from and
+#: what else changes them: an agent loop that re-sends its history pays for its new messages
+#: only. Bounded by bytes (the gateway's ``--render-cache-mb``); 0 turns it off.
+MESSAGE_CACHE_BYTES = 64 << 20
 
-    def __init__(self) -> None:
+
+@dataclass(frozen=True)
+class _Rendered:
+    """What one client message became: Harmony messages, their tokens, the calls it made."""
+
+    source: Any
+    messages: tuple[Message, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    calls: tuple[tuple[str, str], ...]
+
+
+MESSAGE_CACHE: LRU[tuple[Any, ...], _Rendered] = LRU(MESSAGE_CACHE_BYTES)
+
+
+class _Builder:
+    """Collects a request's messages into a Harmony conversation, each with its tokens."""
+
+    def __init__(self, encoding: HarmonyEncoding, api: str, cache: bool) -> None:
+        self.encoding = encoding
+        self.api = api
+        self.cache = MESSAGE_CACHE if cache else None
         self.instructions: list[str] = []
         self.messages: list[Message] = []
+        self.tokens: list[Sequence[int]] = []
         self.call_names: dict[str, str] = {}
+        self._calls: list[tuple[str, str]] = []
+
+    def add(self, message: Message) -> None:
+        self.messages.append(message)
+        self.tokens.append(self.encoding.render(message))
+
+    def cached(self, source: dict[str, Any], context: Any, build: Callable[..., None],
+               *args: Any) -> None:
+        """``build(self, *args)`` adds what the client's ``source`` (a message or an input item)
+        becomes; when an equal source became it before in the same ``context`` (all else its
+        messages depend on), what it became then is added instead: no conversion, no tokens."""
+        cache, key = self.cache, None
+        if cache is not None:
+            data = parts_key(source)  # the client's key order kept
+            if data is not None:
+                key = (self.api, id(self.encoding), context, *compact_key(data))
+                found = cache.get(key)
+                if found is not None and found.source == source:
+                    self.messages += found.messages
+                    self.tokens += found.tokens
+                    self.call_names.update(found.calls)
+                    self._calls += found.calls
+                    return
+        first, calls = len(self.messages), len(self._calls)
+        build(self, *args)
+        if cache is not None and key is not None:
+            entry = _Rendered(source, tuple(self.messages[first:]),
+                              tuple(tuple(t) for t in self.tokens[first:]), tuple(self._calls[calls:]))
+            # The client's strings are the messages' own (one copy), however many messages.
+            weight = (ENTRY_BYTES + MESSAGE_BYTES * len(entry.messages) + 2 * key[4]
+                      + TOKEN_BYTES * sum(map(len, entry.tokens)))
+            cache.put(key, entry, weight)
 
     def assistant(self, reasoning: str, content: str, calls: Sequence[tuple[str, str, str]]) -> None:
         if reasoning:
-            self.messages.append(_message(Role.ASSISTANT, reasoning, channel="analysis"))
+            self.add(_message(Role.ASSISTANT, reasoning, channel="analysis"))
         if content:
             # Text next to tool calls is a preamble (commentary); alone it is the answer.
             channel = "commentary" if calls else "final"
-            self.messages.append(_message(Role.ASSISTANT, content, channel=channel))
+            self.add(_message(Role.ASSISTANT, content, channel=channel))
         for call_id, name, arguments in calls:
-            self.call_names[call_id] = identifier(name)  # as the prompt declared it
-            self.messages.append(
-                _message(Role.ASSISTANT, arguments, channel="commentary",
-                         recipient=f"functions.{identifier(name)}", content_type="<|constrain|>json"))
+            rendered = identifier(name)  # as the prompt declared it
+            self.call_names[call_id] = rendered
+            self._calls.append((call_id, rendered))
+            self.add(_message(Role.ASSISTANT, arguments, channel="commentary",
+                              recipient=f"functions.{rendered}", content_type="<|constrain|>json"))
 
     def builtin_call(self, item: dict[str, Any], param: str) -> None:
         """A built-in tool call the gateway emitted (``web_search_call``, ``code_interpreter_call``),
@@ -222,7 +286,7 @@ class _Builder:
         written = item.get("harmony")
         if isinstance(written, dict) and isinstance(written.get("recipient"), str) \
                 and isinstance(written.get("arguments"), str):
-            self.messages.append(_message(
+            self.add(_message(
                 Role.ASSISTANT, written["arguments"], channel=_str_or_none(written.get("channel")),
                 recipient=written["recipient"], content_type=_str_or_none(written.get("content_type"))))
             return
@@ -230,8 +294,8 @@ class _Builder:
             code = item.get("code")
             if not isinstance(code, str):
                 raise RequestError(f"{param}.code", "a code_interpreter_call needs its code as a string")
-            self.messages.append(_message(Role.ASSISTANT, code, channel="analysis", recipient="python",
-                                          content_type="code"))
+            self.add(_message(Role.ASSISTANT, code, channel="analysis", recipient="python",
+                              content_type="code"))
             return
         action = item.get("action")
         kind = action.get("type") if isinstance(action, dict) else None
@@ -239,42 +303,28 @@ class _Builder:
         if args is None or not isinstance(action, dict):
             raise RequestError(f"{param}.action", f"unsupported web_search_call action {shown(kind)}")
         recipient, field, name = args
-        self.messages.append(_message(Role.ASSISTANT, json.dumps({name: action.get(field)}),
-                                      channel="analysis", recipient=recipient, content_type="code"))
+        self.add(_message(Role.ASSISTANT, json.dumps({name: action.get(field)}),
+                          channel="analysis", recipient=recipient, content_type="code"))
 
-    def tool_result(self, call_id: Any, output: str, param: str) -> None:
+    def call_name(self, call_id: Any, param: str) -> str:
+        """The tool an earlier assistant call with this id called (as the prompt names it)."""
         name = self.call_names.get(call_id) if isinstance(call_id, str) else None
         if name is None:
             raise RequestError(param, f"no earlier assistant tool call has id {shown(call_id)}")
-        self.messages.append(
-            _message(Role.TOOL, output, name=f"functions.{name}", channel="commentary",
-                     recipient="assistant"))
+        return name
 
-    def head(self, effort: ReasoningEffort, tools: list[ToolDescription],
-             response_format: str | None) -> list[Message]:
-        """The system message and, when there is anything to say, the developer message."""
-        system = SystemContent.new().with_reasoning_effort(effort)
-        out = [Message.from_role_and_content(Role.SYSTEM, system)]
-        dev = DeveloperContent.new()
-        if self.instructions:
-            dev = dev.with_instructions("\n\n".join(self.instructions))
-        if tools:
-            dev = dev.with_function_tools(tools)
-        parts: list[Any] = []
-        if self.instructions or tools:
-            parts.append(dev)
-        if response_format:
-            parts.append(TextContent(text=("\n\n" if parts else "") + response_format))
-        if parts:
-            out.append(Message.from_role_and_contents(Role.DEVELOPER, parts))
-        return out
+    def tool_result(self, name: str, output: str) -> None:
+        self.add(_message(Role.TOOL, output, name=f"functions.{name}", channel="commentary",
+                          recipient="assistant"))
 
 
 @dataclass(frozen=True)
 class Head:
     """A rendered request head (system and developer message): its messages, their tokens,
     the declared names. Cached by the request fields it was built from (``HEAD_CACHE``), so an
-    agent loop re-sending the same request pays only for its new messages."""
+    agent loop re-sending the same request pays only for its new messages; its system message
+    (the same for nearly every request) is cached on its own (``SYSTEM_CACHE``), and its tools
+    one by one (``TOOL_SPECS``, ``typescript.TOOL_CACHE``)."""
 
     messages: tuple[Message, ...]
     tokens: tuple[int, ...]
@@ -283,29 +333,74 @@ class Head:
 
 
 HEAD_CACHE: PartsCache[Head] = PartsCache()
+# By (encoding, effort, whether tools are declared): a handful of entries.
+SYSTEM_CACHE: dict[tuple[int, ReasoningEffort, bool], tuple[Message, tuple[int, ...]]] = {}
+_OPTIONS = {has: RenderOptions(conversation_has_function_tools=has) for has in (False, True)}
 
 
-def _head(encoding: HarmonyEncoding, parts: tuple[Any, ...],
-          build: Callable[[], tuple[list[Message], ToolNames]]) -> Head:
+def _system(encoding: HarmonyEncoding, effort: ReasoningEffort,
+            has_tools: bool) -> tuple[Message, tuple[int, ...]]:
+    key = (id(encoding), effort, has_tools)
+    found = SYSTEM_CACHE.get(key)
+    if found is None:
+        content = SystemContent.new().with_reasoning_effort(effort)
+        message = Message.from_role_and_content(Role.SYSTEM, content)
+        found = SYSTEM_CACHE[key] = (message, tuple(encoding.render(message, _OPTIONS[has_tools])))
+    return found
+
+
+def _developer(instructions: list[str], tools: list[ToolDescription],
+               response_format: str | None) -> Message | None:
+    """The developer message, when there is anything to say."""
+    dev = DeveloperContent.new()
+    if instructions:
+        dev = dev.with_instructions("\n\n".join(instructions))
+    if tools:
+        dev = dev.with_function_tools(tools)
+    parts: list[Any] = []
+    if instructions or tools:
+        parts.append(dev)
+    if response_format:
+        parts.append(TextContent(text=("\n\n" if parts else "") + response_format))
+    return Message.from_role_and_contents(Role.DEVELOPER, parts) if parts else None
+
+
+def _head(encoding: HarmonyEncoding, parts: tuple[Any, ...], effort: ReasoningEffort,
+          instructions: list[str],
+          build: Callable[[], tuple[list[ToolDescription], str | None, ToolNames]]) -> Head:
     def make() -> Head:
-        messages, names = build()
-        options = RenderOptions(conversation_has_function_tools=conversation_has_function_tools(messages))
-        tokens = [t for m in messages for t in encoding.render(m, options)]
-        return Head(tuple(messages), tuple(tokens), names, options.conversation_has_function_tools)
+        tools, response_format, names = build()
+        developer = _developer(instructions, tools, response_format)
+        has_tools = bool(tools)
+        system, tokens = _system(encoding, effort, has_tools)
+        if developer is None:
+            return Head((system,), tokens, names, has_tools)
+        tokens += tuple(encoding.render(developer, _OPTIONS[has_tools]))
+        return Head((system, developer), tokens, names, has_tools)
 
     return HEAD_CACHE.get((id(encoding), *parts), make)
 
 
-def _prompt(encoding: HarmonyEncoding, head: Head, rest: list[Message]) -> Prompt:
-    messages = [*head.messages, *rest]
-    # The rest as render_conversation_for_completion renders it: the chain-of-thought
-    # rule over the whole conversation, each message on its own.
-    drop = analysis_drop_boundary(messages, None)
-    options = RenderOptions(conversation_has_function_tools=head.has_tools)
+@dataclass(frozen=True)
+class Request:
+    """A request read as Harmony: its (cached) rendered head, then the other messages and
+    each one's tokens (the chain-of-thought rule not applied yet)."""
+
+    head: Head
+    messages: list[Message]
+    tokens: list[Sequence[int]]
+
+
+def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
+    head = read.head
+    messages = [*head.messages, *read.messages]
+    # As render_conversation_for_completion renders it: the chain-of-thought rule over the
+    # whole conversation, each message on its own.
+    drop = analysis_drop_boundary(messages, None) - len(head.messages)
     tokens = list(head.tokens)
-    for i in range(len(head.messages), len(messages)):
-        if not (i < drop and messages[i].channel == "analysis"):
-            tokens += encoding.render(messages[i], options)
+    for i, toks in enumerate(read.tokens):
+        if i >= drop or read.messages[i].channel != "analysis":
+            tokens += toks
     tokens += [START, *encoding.encode(Role.ASSISTANT.value)]
     return Prompt(Conversation.from_messages(messages), tokens, tool_names=list(head.names.declared),
                   names=head.names)
@@ -331,18 +426,19 @@ def render_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> P
     >>> enc.decode_utf8(p.tokens[-7:])
     '<|start|>user<|message|>Hi<|end|><|start|>assistant'
     """
-    return _prompt(encoding, *read_chat_request(encoding, request))
+    return _prompt(encoding, read_chat_request(encoding, request))
 
 
-def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tuple[Head, list[Message]]:
-    """A Chat Completions body as Harmony: the (cached) rendered head and the other messages."""
+def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
+                      cache: bool = True) -> Request:
+    """A Chat Completions body as Harmony (``cache``: use and fill ``MESSAGE_CACHE``)."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages", "messages must be a non-empty list")
-    b = _Builder()
+    b = _Builder(encoding, "chat", cache)
     for i, msg in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(msg, dict):
@@ -351,30 +447,12 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tup
         if role in ("system", "developer"):
             b.instructions.append(_text(msg.get("content"), f"{param}.content"))
         elif role == "user":
-            b.messages.append(_message(Role.USER, _text(msg.get("content"), f"{param}.content")))
+            b.cached(msg, None, _user, msg, param)
         elif role == "assistant":
-            calls = []
-            tool_calls = msg.get("tool_calls") or []
-            if not isinstance(tool_calls, list):
-                raise RequestError(f"{param}.tool_calls", "tool_calls must be a list")
-            for j, call in enumerate(tool_calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                        or not isinstance(call.get("id"), str):
-                    raise RequestError(f"{param}.tool_calls[{j}]",
-                                       "a tool call needs an id and a function with a name")
-                arguments = fn.get("arguments", "")
-                if not isinstance(arguments, str):
-                    raise RequestError(f"{param}.tool_calls[{j}].function.arguments",
-                                       "arguments must be a JSON string")
-                calls.append((call["id"], fn["name"], arguments))
-            reasoning = msg.get("reasoning_content", msg.get("reasoning")) or ""
-            if not isinstance(reasoning, str):
-                raise RequestError(f"{param}.reasoning_content", "reasoning must be a string")
-            b.assistant(reasoning, _text(msg.get("content"), f"{param}.content", allow_none=True), calls)
+            b.cached(msg, None, _chat_assistant, msg, param)
         elif role == "tool":
-            b.tool_result(msg.get("tool_call_id"), _text(msg.get("content"), f"{param}.content"),
-                          f"{param}.tool_call_id")
+            name = b.call_name(msg.get("tool_call_id"), f"{param}.tool_call_id")
+            b.cached(msg, name, _tool_result, msg.get("content"), f"{param}.content", name)
         else:
             raise RequestError(f"{param}.role", f"unknown role {shown(role)}")
     # vLLM's own server also takes the effort in chat_template_kwargs; the top-level field wins.
@@ -388,27 +466,60 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tup
     else:
         effort = ReasoningEffort.MEDIUM
 
-    def head() -> tuple[list[Message], ToolNames]:
+    def head() -> tuple[list[ToolDescription], str | None, ToolNames]:
         tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
-        fmt = _format_from(request.get("response_format"), "response_format", nested=True)
-        return b.head(effort, tools, fmt), names
+        return tools, _format_from(request.get("response_format"), "response_format", nested=True), names
 
     parts = ("chat", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              request.get("response_format"))
-    return _head(encoding, parts, head), b.messages
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens)
+
+
+# What one client message or input item becomes (``_Builder.cached`` runs them).
+
+
+def _user(b: _Builder, item: dict[str, Any], param: str) -> None:
+    b.add(_message(Role.USER, _text(item.get("content"), f"{param}.content")))
+
+
+def _tool_result(b: _Builder, output: Any, param: str, name: str) -> None:
+    b.tool_result(name, output if isinstance(output, str) else _text(output, param))
+
+
+def _chat_assistant(b: _Builder, msg: dict[str, Any], param: str) -> None:
+    calls = []
+    tool_calls = msg.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise RequestError(f"{param}.tool_calls", "tool_calls must be a list")
+    for j, call in enumerate(tool_calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(call.get("id"), str):
+            raise RequestError(f"{param}.tool_calls[{j}]",
+                               "a tool call needs an id and a function with a name")
+        arguments = fn.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise RequestError(f"{param}.tool_calls[{j}].function.arguments",
+                               "arguments must be a JSON string")
+        calls.append((call["id"], fn["name"], arguments))
+    reasoning = msg.get("reasoning_content", msg.get("reasoning")) or ""
+    if not isinstance(reasoning, str):
+        raise RequestError(f"{param}.reasoning_content", "reasoning must be a string")
+    b.assistant(reasoning, _text(msg.get("content"), f"{param}.content", allow_none=True), calls)
 
 
 def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
     """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...)."""
-    return _prompt(encoding, *read_responses_request(encoding, request))
+    return _prompt(encoding, read_responses_request(encoding, request))
 
 
-def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> tuple[Head, list[Message]]:
-    """A Responses body as Harmony: the (cached) rendered head and the other messages."""
+def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
+                           cache: bool = True) -> Request:
+    """A Responses body as Harmony (``cache``: use and fill ``MESSAGE_CACHE``)."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
-    b = _Builder()
+    b = _Builder(encoding, "responses", cache)
     instructions = request.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -425,15 +536,16 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -
         if not isinstance(item, dict):
             raise RequestError(param, "each input item must be an object")
         kind = item.get("type", "message")
+        # The reasoning items before an assistant item become its analysis message.
+        reasoning = "".join(pending_reasoning)
         if kind == "message":
             role = item.get("role")
-            text = _text(item.get("content"), f"{param}.content")
             if role in ("system", "developer"):
-                b.instructions.append(text)
+                b.instructions.append(_text(item.get("content"), f"{param}.content"))
             elif role == "user":
-                b.messages.append(_message(Role.USER, text))
+                b.cached(item, None, _user, item, param)
             elif role == "assistant":
-                b.assistant("".join(pending_reasoning), text, [])
+                b.cached(item, reasoning, _responses_assistant, item, param, reasoning)
                 pending_reasoning = []
             else:
                 raise RequestError(f"{param}.role", f"unknown role {shown(role)}")
@@ -446,37 +558,47 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -
                 [{"type": "text", "text": p.get("text")} if isinstance(p, dict) else p for p in parts],
                 f"{param}.{key}"))
         elif kind == "function_call":
-            call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
-            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
-                raise RequestError(param, "a function_call needs string call_id, name and arguments")
-            b.assistant("".join(pending_reasoning), "", [(call_id, name, arguments)])
+            b.cached(item, reasoning, _function_call, item, param, reasoning)
             pending_reasoning = []
         elif kind in ("web_search_call", "code_interpreter_call"):
-            b.assistant("".join(pending_reasoning), "", [])
+            b.cached(item, reasoning, _builtin_call, item, param, reasoning)
             pending_reasoning = []
-            b.builtin_call(item, param)
         elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text(output, f"{param}.output")
-            b.tool_result(item.get("call_id"), text, f"{param}.call_id")
+            name = b.call_name(item.get("call_id"), f"{param}.call_id")
+            b.cached(item, name, _tool_result, item.get("output"), f"{param}.output", name)
         else:
             raise RequestError(f"{param}.type", f"unsupported input item type {shown(kind)}")
     if pending_reasoning:
         b.assistant("".join(pending_reasoning), "", [])
-    reasoning = request.get("reasoning") or {}
-    if not isinstance(reasoning, dict):
+    reasoning_cfg = request.get("reasoning") or {}
+    if not isinstance(reasoning_cfg, dict):
         raise RequestError("reasoning", "reasoning must be an object")
-    effort = _effort(reasoning["effort"], "reasoning.effort") \
-        if reasoning.get("effort") is not None else ReasoningEffort.MEDIUM
+    effort = _effort(reasoning_cfg["effort"], "reasoning.effort") \
+        if reasoning_cfg.get("effort") is not None else ReasoningEffort.MEDIUM
     text_cfg = request.get("text")
     if text_cfg is not None and not isinstance(text_cfg, dict):
         raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
 
-    def head() -> tuple[list[Message], ToolNames]:
+    def head() -> tuple[list[ToolDescription], str | None, ToolNames]:
         tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
-        fmt = _format_from((text_cfg or {}).get("format"), "text.format", nested=False)
-        return b.head(effort, tools, fmt), names
+        return tools, _format_from((text_cfg or {}).get("format"), "text.format", nested=False), names
 
     parts = ("responses", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              (text_cfg or {}).get("format"))
-    return _head(encoding, parts, head), b.messages
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens)
+
+
+def _responses_assistant(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
+    b.assistant(reasoning, _text(item.get("content"), f"{param}.content"), [])
+
+
+def _builtin_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
+    b.assistant(reasoning, "", [])
+    b.builtin_call(item, param)
+
+
+def _function_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+        raise RequestError(param, "a function_call needs string call_id, name and arguments")
+    b.assistant(reasoning, "", [(call_id, name, arguments)])

@@ -385,7 +385,7 @@ class Machine:
         body = res.leftover.lstrip()
         if not _WORDISH.search(body):
             return
-        loose_repairs, role = len(self.repairs), self.next_role
+        loose_repairs, hint = len(self.repairs), self.next_role
         self.repairs += ht.repairs + res.repairs
         if self._weak:
             self.repairs.append(Repair("missing_start", start, start, "message began without <|start|>"))
@@ -393,7 +393,7 @@ class Machine:
                                    f"{len(tokens)} header tokens without <|message|>; "
                                    "the rest became the body"))
         self._open_body(res.header, "")
-        self._loose, self._loose_role, self._loose_repairs = True, role, loose_repairs
+        self._loose, self._loose_role, self._loose_repairs = True, hint, loose_repairs
         self._add_text(body)
 
     def _open_body(self, header: Header, text: str) -> None:

@@ -35,6 +35,7 @@ from ..openai import (
 )
 from ..openai.chat import content_logprobs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
+from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
 from .engines import Job, Piece
 from .metrics import Metrics
@@ -89,6 +90,7 @@ class Gateway:
             settings.upstream, timeout=settings.upstream_timeout, health_interval=settings.health_interval,
             engine=settings.engine, model=settings.upstream_model,
             max_tokens_default=settings.max_tokens_default, guided=settings.guided is not None)
+        MESSAGE_CACHE.resize(settings.render_cache_mb << 20)  # one cache a process
         self.metrics = Metrics()
         self.active = 0
         self._started = False

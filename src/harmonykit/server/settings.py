@@ -37,6 +37,8 @@ class Settings:
     engine: str | None = None  # vllm, sglang or llamacpp; None: recognised from /v1/models
     # the limit sent when neither the client nor the engine's context gives one
     max_tokens_default: int = 4096
+    # megabytes of rendered conversation messages kept for the next request (0: off)
+    render_cache_mb: int = 64
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -63,6 +65,8 @@ class Settings:
         for name in ("body_timeout", "header_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.render_cache_mb < 0:
+            raise ValueError(f"render_cache_mb must be 0 (off) or more, got {self.render_cache_mb}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
 
@@ -87,7 +91,7 @@ class Settings:
 def _parse(name: str, raw: str) -> Any:
     kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
              "health_interval": float, "max_tokens_default": int, "body_timeout": float,
-             "header_timeout": float}
+             "header_timeout": float, "render_cache_mb": int}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":

@@ -1,0 +1,250 @@
+"""The render caches change nothing but speed: any sequence of requests renders, token for
+token, what a cold render gives; memory stays under its bound; a repeated agent loop pays for
+its new messages only."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import harmonykit as hk
+from harmonykit import cache
+from harmonykit.openai import render_chat_request, render_responses_request
+from harmonykit.openai.request import HEAD_CACHE, MESSAGE_CACHE
+from harmonykit.render import _SEAM
+from harmonykit.server import Settings
+from test_parse_differential import _ENC
+
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def cold(render: Any, request: dict[str, Any]) -> list[int]:
+    with cache.disabled():
+        tokens: list[int] = render(_ENC, request).tokens
+        return tokens
+
+
+# -- the seams: cut text encodes as the whole --------------------------------------------------
+
+_PIECES = ["\n\n// ", "\n\ntype ", "\n\nnamespace ", "\n", "\n\n", " ", "  ", "//", "/", ";", "{", "}", "=>",
+           "any", "Gets", "x", "é", "日本", "'s", "123", "\t", "\r\n", "// ", ",", "?", "😊", "type", "A"]
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(_PIECES), max_size=60))
+def test_text_cut_at_the_seams_encodes_as_the_whole(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    out: list[int] = []
+    _ENC._renderer._encode_sections(text, out)
+    assert out == _ENC.encode(text)
+
+
+def test_a_tool_section_is_cut_at_each_tool() -> None:
+    text = ("namespace functions {\n\n// Gets the weather\ntype a = () => any;\n\n// Two\n// lines\n"
+            "type b = () => any;\n\ntype c = () => any;\n\n} // namespace functions")
+    cuts = [m.end() for m in _SEAM.finditer(text)]
+    parts = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    assert parts == ["namespace functions {\n\n//", " Gets the weather\ntype a = () => any;\n\n//",
+                     " Two\n// lines\ntype b = () => any;\n\n", "type c = () => any;\n\n} // namespace functions"]
+
+
+# -- any sequence of requests renders as cold ----------------------------------------------------
+
+def _tool(name: str, order: list[str]) -> dict[str, Any]:
+    props = {k: {"type": "string", "description": f"The {k}."} for k in order}
+    return {"type": "function", "function": {"name": name, "description": f"Does {name}.",
+                                             "parameters": {"type": "object", "properties": props}}}
+
+
+_words = st.text(alphabet="ab \n.", min_size=1, max_size=12)
+
+
+@st.composite
+def agent_loops(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Chat requests as an agent sends them: each the last one plus new messages, sometimes with
+    an earlier message edited, keys reordered, the tools or their key order changed."""
+    tools = [_tool("f", ["a", "b"]), _tool("g", ["q"])]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": draw(_words)},
+                                      {"role": "user", "content": draw(_words)}]
+    requests = []
+    calls = 0
+    for _ in range(draw(st.integers(1, 6))):
+        step = draw(st.sampled_from(["call", "answer", "user", "edit", "reorder", "tools", "repeat"]))
+        if step == "call":
+            calls += 1
+            name = draw(st.sampled_from(["f", "g"]))
+            messages.append({"role": "assistant", "content": None, "reasoning_content": draw(_words),
+                             "tool_calls": [{"id": f"c{calls}", "type": "function",
+                                             "function": {"name": name, "arguments": '{"a": 1}'}}]})
+            messages.append({"role": "tool", "tool_call_id": f"c{calls}", "content": draw(_words)})
+        elif step == "answer":  # moves the chain-of-thought rule
+            messages.append({"role": "assistant", "reasoning_content": draw(_words), "content": draw(_words)})
+        elif step == "user":
+            messages.append({"role": "user", "content": draw(_words)})
+        elif step == "edit":
+            i = draw(st.integers(1, len(messages) - 1))
+            if messages[i]["role"] in ("user", "tool"):
+                messages[i] = {**messages[i], "content": draw(_words)}
+            elif messages[i]["role"] == "assistant":
+                messages[i] = {**messages[i], "reasoning_content": draw(_words)}
+        elif step == "reorder":  # the same message, its keys in another order
+            i = draw(st.integers(0, len(messages) - 1))
+            messages[i] = dict(reversed(list(messages[i].items())))
+        elif step == "tools":
+            tools = [_tool("f", draw(st.permutations(["a", "b", "c"]))), *draw(st.sampled_from([[], tools[1:]]))]
+        requests.append({"messages": copy.deepcopy(messages), "tools": copy.deepcopy(tools)})
+    return requests
+
+
+def _as_responses(request: dict[str, Any]) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for m in request["messages"]:
+        if m["role"] == "assistant":
+            if m.get("reasoning_content"):
+                items.append({"type": "reasoning", "summary": [{"type": "summary_text",
+                                                                "text": m["reasoning_content"]}]})
+            for call in m.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                              "arguments": call["function"]["arguments"]})
+            if m.get("content"):
+                items.append({"role": "assistant", "content": m["content"]})
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        else:
+            items.append({"role": m["role"], "content": m["content"]})
+    return {"input": items, "tools": [t["function"] | {"type": "function"} for t in request["tools"]]}
+
+
+@SETTINGS
+@given(agent_loops(), st.booleans())
+def test_any_sequence_of_requests_renders_as_cold(requests: list[dict[str, Any]], responses: bool) -> None:
+    render = render_responses_request if responses else render_chat_request
+    for request in requests:
+        if responses:
+            request = _as_responses(request)
+        assert render(_ENC, request).tokens == cold(render, request)
+
+
+def test_a_mutated_message_is_rendered_afresh() -> None:
+    message = {"role": "user", "content": "first"}
+    request = {"messages": [message]}
+    render_chat_request(_ENC, request)
+    message["content"] = "second"  # the same dict, changed in place
+    assert render_chat_request(_ENC, request).tokens == cold(render_chat_request, request)
+
+
+def test_a_value_that_only_serializes_alike_is_not_a_hit() -> None:
+    """orjson writes NaN as null: an assistant message with content null is valid, with NaN not."""
+    good = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
+                                                          "reasoning_content": "r"}]}
+    render_chat_request(_ENC, good)
+    bad = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": float("nan"),
+                                                         "reasoning_content": "r"}]}
+    with pytest.raises(hk.openai.RequestError):
+        render_chat_request(_ENC, bad)
+
+
+# -- an agent loop pays for its new messages only -------------------------------------------------
+
+def agent_request(turns: int, seed: int = 0) -> dict[str, Any]:
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+                                      {"role": "user", "content": "Go."}]
+    for i in range(turns):
+        messages.append({"role": "assistant", "content": None, "reasoning_content": f"Step {i}.",
+                         "tool_calls": [{"id": f"c{i}", "type": "function",
+                                         "function": {"name": "f", "arguments": json.dumps({"a": i})}}]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}",
+                         "content": " ".join(f"row {rng.random():.6f}" for _ in range(300))})
+    return {"messages": messages, "tools": [_tool("f", ["a"])]}
+
+
+def test_a_repeated_agent_loop_tokenizes_only_its_new_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    MESSAGE_CACHE.clear()
+    HEAD_CACHE.clear()
+    request = agent_request(40)
+    render_chat_request(_ENC, request)
+    encoded: list[str] = []
+    real = _ENC._renderer._encode
+    monkeypatch.setattr(_ENC._renderer, "_encode", lambda text: encoded.append(text) or real(text))
+    request["messages"].append({"role": "user", "content": "And now?"})
+    tokens = render_chat_request(_ENC, request).tokens
+    assert encoded == ["And now?"]
+    monkeypatch.undo()
+    assert tokens == cold(render_chat_request, request)
+
+
+# -- memory ----------------------------------------------------------------------------------------
+
+def test_memory_stays_under_the_bound() -> None:
+    lru: cache.LRU[int, bytes] = cache.LRU(budget=10_000)
+    for i in range(5_000):
+        lru.put(i, b"x", weight=random.Random(i).randint(1, 3000))
+        assert lru.used <= lru.budget
+    lru.put(-1, b"x", weight=20_000)  # heavier than the whole budget: not kept
+    assert lru.get(-1) is None and lru.used <= lru.budget
+    lru.resize(0)
+    assert len(lru) == 0 and lru.used == 0
+    lru.put(1, b"x", weight=1)
+    assert lru.get(1) is None
+
+
+def test_the_message_cache_stays_under_its_bound_on_distinct_conversations() -> None:
+    MESSAGE_CACHE.resize(1 << 20)
+    try:
+        for i in range(3_000):
+            render_chat_request(_ENC, {"messages": [{"role": "user", "content": f"question {i} " * 20},
+                                                    {"role": "assistant", "content": f"answer {i} " * 20}]})
+            assert MESSAGE_CACHE.used <= MESSAGE_CACHE.budget
+        assert len(MESSAGE_CACHE) > 100  # it kept what fits
+    finally:
+        MESSAGE_CACHE.resize(64 << 20)
+
+
+def test_what_the_cache_counts_is_what_it_holds() -> None:
+    """Entries are weighed as they really weigh (traced memory), so the bound is a real one."""
+    import gc
+    import tracemalloc
+
+    MESSAGE_CACHE.clear()
+    render_chat_request(_ENC, {"messages": [{"role": "user", "content": "warm up"}]})
+    MESSAGE_CACHE.clear()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1_500):
+            render_chat_request(_ENC, {"messages": [
+                {"role": "user", "content": f"Question {i}: what is the weather in city {i % 977}?"},
+                {"role": "assistant", "reasoning_content": f"Look up city {i}.", "content": f"It is {i}."},
+                {"role": "user", "content": f"And tomorrow, {i}? " * (i % 30)}]})
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.7 * MESSAGE_CACHE.used < held < 1.2 * MESSAGE_CACHE.used, (held, MESSAGE_CACHE.used)
+
+
+def test_render_cache_setting() -> None:
+    from harmonykit.server import create_app
+
+    base = {"upstream": ("http://127.0.0.1:9",)}
+    assert Settings(**base).render_cache_mb == 64  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="render_cache_mb"):
+        Settings(**base, render_cache_mb=-1)  # type: ignore[arg-type]
+    assert Settings.from_sources({"upstream": ["http://127.0.0.1:9"]},
+                                 {"HARMONYKIT_RENDER_CACHE_MB": "0"}).render_cache_mb == 0
+    try:
+        create_app(Settings(**base, render_cache_mb=0))  # type: ignore[arg-type]
+        assert MESSAGE_CACHE.budget == 0
+        render_chat_request(_ENC, {"messages": [{"role": "user", "content": "off"}]})
+        assert len(MESSAGE_CACHE) == 0
+    finally:
+        MESSAGE_CACHE.resize(64 << 20)
