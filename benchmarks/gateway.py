@@ -70,6 +70,7 @@ def run_engine(port: int, app: str) -> None:
         from engine import Engine
 
         target: Any = Engine(chunk=1, split_frames=False)
+        target.context = 131072  # gpt-oss's: the agent loop's 40k-token prompt fits
     elif app == "raw":
         async def target(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
@@ -198,6 +199,31 @@ async def _hello(base: str, n: int = 3000, concurrency: int = 50) -> float:
         return n / (time.perf_counter() - t)
 
 
+async def _agent_loop(enc: Any, engine: str, gateway: str, steps: int = 60) -> None:
+    """#17: a 40-turn agent's next steps, one at a time (each re-sends the history and one new
+    message), through the gateway and straight to the engine with the same prompt."""
+    from workloads import agent_request
+
+    from harmonykit.openai import render_chat_request
+
+    request = agent_request(40)
+    bodies = [{**request, "max_tokens": 16,
+               "messages": [*request["messages"], {"role": "user", "content": f"Step {k}: go on."}]}
+              for k in range(steps)]
+    prompts = [render_chat_request(enc, b).tokens for b in bodies]
+    g, d = [], []
+    async with aiohttp.ClientSession() as session:
+        await _read(session, gateway + "/v1/chat/completions", {**request, "max_tokens": 16})  # the last step
+        for body, prompt in zip(bodies, prompts, strict=True):
+            d.append((await _read(session, engine + "/v1/completions",
+                                  {"model": "gpt-oss-20b", "prompt": prompt, "max_tokens": 16,
+                                   "return_token_ids": True}))[1])
+            g.append((await _read(session, gateway + "/v1/chat/completions", body))[1])
+    print(f"\nAgent loop through the gateway (40 turns, {len(prompts[0])} prompt tokens, one new message "
+          f"a step, {steps} steps): added latency p50 {(_pct(g, 50) - _pct(d, 50)) * 1e3:.2f} ms, "
+          f"p99 {(_pct(g, 99) - _pct(d, 99)) * 1e3:.2f} ms (direct p50 {_pct(d, 50) * 1e3:.1f} ms)")
+
+
 def main() -> None:
     import harmonykit as hk
     from harmonykit.openai import render_chat_request
@@ -244,6 +270,7 @@ def main() -> None:
         results = asyncio.run(_rounds(via_gateway, 200, 200))
         print(f"  200 concurrent streams through the gateway: {len(results)} complete in "
               f"{(time.perf_counter() - t0) * 1e3:.0f} ms")
+        asyncio.run(_agent_loop(enc, engine, gateway))
         print("\nUpstream HTTP client (the same engine, streams read to the end):")
         asyncio.run(_client_compare(engine, prompt))
     finally:

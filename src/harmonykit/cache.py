@@ -51,18 +51,25 @@ def disabled() -> Iterator[None]:
         _OFF.reset(token)
 
 
+#: Keys a second-sight cache remembers having seen once (then it forgets them all).
+SEEN_KEYS = 4096
+
+
 class LRU(Generic[K, V]):
     """A map bounded by ``budget``: each entry counts its ``weight``; least recently used out.
 
     A budget of 0 turns it off (every ``get`` misses, ``put`` keeps nothing); an entry
-    heavier than the whole budget is not kept.
+    heavier than the whole budget is not kept. With ``second_sight``, a value is kept only
+    when its key was put once before, recently: what is seen once (a dataset record's own
+    system prompt) neither costs a store nor pushes out what repeats (its tools).
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, *, second_sight: bool = False) -> None:
         self.budget = budget
         self.used = 0
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self._seen: set[K] | None = set() if second_sight else None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -85,6 +92,12 @@ class LRU(Generic[K, V]):
     def put(self, key: K, value: V, weight: int) -> None:
         if weight > self.budget or _OFF.get():
             return
+        seen = self._seen
+        if seen is not None and key not in seen:
+            if len(seen) >= SEEN_KEYS:
+                seen.clear()
+            seen.add(key)
+            return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -103,6 +116,8 @@ class LRU(Generic[K, V]):
         with self._lock:
             self._items.clear()
             self.used = 0
+            if self._seen is not None:
+                self._seen.clear()
 
     def _trim(self) -> None:
         items = self._items
@@ -139,8 +154,8 @@ class PartsCache(Generic[V]):
     (1, 1)
     """
 
-    def __init__(self, size: int = 256) -> None:
-        self._lru: LRU[tuple[int, int], tuple[Any, V]] = LRU(size)
+    def __init__(self, size: int = 256, *, second_sight: bool = False) -> None:
+        self._lru: LRU[tuple[int, int], tuple[Any, V]] = LRU(size, second_sight=second_sight)
 
     def get(self, parts: Any, build: Callable[[], V]) -> V:
         data = parts_key(parts)

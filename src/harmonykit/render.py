@@ -51,7 +51,7 @@ class Renderer:
 
     def __init__(self, bpe: tiktoken.Encoding) -> None:
         self._encode = ordinary_encoder(bpe)
-        self._parts: LRU[str, tuple[int, ...]] = LRU(SECTION_CACHE_BYTES)
+        self._parts: LRU[str, tuple[int, ...]] = LRU(SECTION_CACHE_BYTES, second_sight=True)
         self._pieces: dict[str, list[int]] = {}
         self._headers: dict[tuple[Role, str | None, str | None, str | None, str | None], list[int]] = {}
 

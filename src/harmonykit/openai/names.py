@@ -9,6 +9,7 @@ call back to the name the request declared. The core renderer is untouched.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ _LOOSE = re.compile(r"[^a-z0-9]")
 FUNCTIONS = "functions."
 
 
+@functools.lru_cache(maxsize=4096)
 def identifier(name: str) -> str:
     """The name as the prompt shows it: characters outside ``[A-Za-z0-9_-]`` become ``_``.
 

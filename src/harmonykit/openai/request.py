@@ -332,7 +332,8 @@ class Head:
     has_tools: bool
 
 
-HEAD_CACHE: PartsCache[Head] = PartsCache()
+# Second sight: a dataset whose records each have their own head stores none of them.
+HEAD_CACHE: PartsCache[Head] = PartsCache(second_sight=True)
 # By (encoding, effort, whether tools are declared): a handful of entries.
 SYSTEM_CACHE: dict[tuple[int, ReasoningEffort, bool], tuple[Message, tuple[int, ...]]] = {}
 _OPTIONS = {has: RenderOptions(conversation_has_function_tools=has) for has in (False, True)}
