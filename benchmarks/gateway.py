@@ -226,8 +226,8 @@ async def _agent_loop(enc: Any, engine: str, gateway: str, steps: int = 60) -> N
 
 def main() -> None:
     import harmonykit as hk
+    from harmonykit.cache import disabled
     from harmonykit.openai import render_chat_request
-    from harmonykit.openai.request import HEAD_CACHE
 
     enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
     print("\nGateway (harmonykit serve, each process on 127.0.0.1; one token per engine chunk):")
@@ -294,8 +294,8 @@ def main() -> None:
                         {"role": "user", "content": "Hi"}], "tools": tools}
 
     def cold() -> None:
-        HEAD_CACHE.clear()
-        render_chat_request(enc, req)
+        with disabled():
+            render_chat_request(enc, req)
 
     n = 200
     t = time.perf_counter()

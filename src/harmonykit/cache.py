@@ -32,6 +32,7 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 _OFF: ContextVar[bool] = ContextVar("harmonykit_caches_off", default=False)
+_disabling = 0  # disabled() blocks open anywhere: the context variable is read only then
 #: What one token costs in a cached tuple: its slot, and its int object (ids are above 256).
 TOKEN_BYTES = 36
 #: What an entry costs beyond its contents (its key and value tuples, the dict slot, the order link).
@@ -44,10 +45,13 @@ MESSAGE_BYTES = 1400
 @contextmanager
 def disabled() -> Iterator[None]:
     """Every cache misses and stores nothing inside this block (in this thread or task)."""
+    global _disabling
     token = _OFF.set(True)
+    _disabling += 1
     try:
         yield
     finally:
+        _disabling -= 1
         _OFF.reset(token)
 
 
@@ -75,7 +79,7 @@ class LRU(Generic[K, V]):
         return len(self._items)
 
     def get(self, key: K) -> V | None:
-        if not self.budget or _OFF.get():
+        if not self.budget or (_disabling and _OFF.get()):
             return None
         # No lock: each OrderedDict call is atomic (the GIL); an entry evicted between the two
         # is simply not moved.
@@ -90,7 +94,7 @@ class LRU(Generic[K, V]):
         return found[0]
 
     def put(self, key: K, value: V, weight: int) -> None:
-        if weight > self.budget or _OFF.get():
+        if weight > self.budget or (_disabling and _OFF.get()):
             return
         seen = self._seen
         if seen is not None and key not in seen:
