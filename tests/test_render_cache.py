@@ -170,6 +170,7 @@ def test_a_repeated_agent_loop_tokenizes_only_its_new_messages(monkeypatch: pyte
     MESSAGE_CACHE.clear()
     HEAD_CACHE.clear()
     request = agent_request(40)
+    render_chat_request(_ENC, request)  # the head is kept from its second sight on
     render_chat_request(_ENC, request)
     encoded: list[str] = []
     real = _ENC._renderer._encode

@@ -36,10 +36,7 @@ _disabling = 0  # disabled() blocks open anywhere: the context variable is read 
 #: What one token costs in a cached tuple: its slot, and its int object (ids are above 256).
 TOKEN_BYTES = 36
 #: What an entry costs beyond its contents (its key and value tuples, the dict slot, the order link).
-ENTRY_BYTES = 400
-#: What one kept ``Message`` costs beyond its text (a pydantic model and its content part; measured
-#: with tracemalloc, tests/test_render_cache.py).
-MESSAGE_BYTES = 1400
+ENTRY_BYTES = 260
 
 
 @contextmanager

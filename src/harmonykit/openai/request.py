@@ -6,11 +6,12 @@ Pure functions over plain dicts (the JSON bodies of the two APIs); no HTTP.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cache import ENTRY_BYTES, LRU, MESSAGE_BYTES, TOKEN_BYTES, PartsCache, compact_key, parts_key
+from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, compact_key, parts_key
 from ..encoding import HarmonyEncoding
 from ..model import (
     Author,
@@ -209,17 +210,39 @@ _AUTHORS = {role: Author(role=role) for role in Role}
 MESSAGE_CACHE_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
-class _Rendered:
-    """What one client message became: Harmony messages, their tokens, the calls it made."""
-
-    source: Any
-    messages: tuple[Message, ...]
-    tokens: tuple[tuple[int, ...], ...]
-    calls: tuple[tuple[str, str], ...]
-
+# A message kept as plain values: (role, name, channel, recipient, content type, text), the
+# role by its value (an Enum member would keep the tuple in the collector's sight).
+_Kept = tuple[str, "str | None", "str | None", "str | None", "str | None", str]
+_ROLES = {role.value: role for role in Role}
+# What one client message became: its serialization (to check a hit), whether that holds a
+# null (which a NaN serializes as too), its messages, their tokens, the calls it made. Only
+# tuples, bytes and strings: the garbage collector stops walking them after one look, so a
+# full cache costs no collection anything (Message objects kept here cost ~100 ms a full
+# collection at 64 MB, stalling every stream); a hit rebuilds its messages.
+_Rendered = tuple[bytes, bool, tuple[_Kept, ...], tuple[tuple[int, ...], ...], tuple[tuple[str, str], ...]]
 
 MESSAGE_CACHE: LRU[tuple[Any, ...], _Rendered] = LRU(MESSAGE_CACHE_BYTES)
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or infinity anywhere in ``value`` (serialized, they read as null)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def _kept(m: Message) -> _Kept:
+    return (m.author.role.value, m.author.name, m.channel, m.recipient, m.content_type, _text_of(m))
+
+
+def _text_of(m: Message) -> str:
+    (content,) = m.content  # the messages built here have one text part
+    assert isinstance(content, TextContent)
+    return content.text
 
 
 class _Builder:
@@ -244,26 +267,30 @@ class _Builder:
         """``build(self, *args)`` adds what the client's ``source`` (a message or an input item)
         becomes; when an equal source became it before in the same ``context`` (all else its
         messages depend on), what it became then is added instead: no conversion, no tokens."""
-        cache, key = self.cache, None
+        cache, key, data = self.cache, None, None
         if cache is not None:
             data = parts_key(source)  # the client's key order kept
             if data is not None:
                 key = (self.api, id(self.encoding), context, *compact_key(data))
                 found = cache.get(key)
-                if found is not None and found.source == source:
-                    self.messages += found.messages
-                    self.tokens += found.tokens
-                    self.call_names.update(found.calls)
-                    self._calls += found.calls
+                if found is not None and found[0] == data and (not found[1] or _finite(source)):
+                    for role, name, channel, recipient, content_type, text in found[2]:
+                        self.messages.append(_message(_ROLES[role], text, name=name, channel=channel,
+                                                      recipient=recipient, content_type=content_type))
+                    self.tokens += found[3]
+                    self.call_names.update(found[4])
+                    self._calls += found[4]
                     return
         first, calls = len(self.messages), len(self._calls)
         build(self, *args)
-        if cache is not None and key is not None:
-            entry = _Rendered(source, tuple(self.messages[first:]),
-                              tuple(tuple(t) for t in self.tokens[first:]), tuple(self._calls[calls:]))
-            # The client's strings are the messages' own (one copy), however many messages.
-            weight = (ENTRY_BYTES + MESSAGE_BYTES * len(entry.messages) + 2 * key[4]
-                      + TOKEN_BYTES * sum(map(len, entry.tokens)))
+        if cache is not None and key is not None and data is not None:
+            kept = tuple(_kept(m) for m in self.messages[first:])
+            tokens = tuple(tuple(t) for t in self.tokens[first:])
+            data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
+            entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
+            # The texts are held once (the client's dict goes), and once more serialized.
+            weight = (ENTRY_BYTES * (1 + len(kept)) + 2 * len(data)
+                      + TOKEN_BYTES * sum(map(len, tokens)))
             cache.put(key, entry, weight)
 
     def assistant(self, reasoning: str, content: str, calls: Sequence[tuple[str, str, str]]) -> None:

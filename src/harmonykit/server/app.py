@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -25,7 +27,6 @@ from ..errors import HarmonyError
 from ..grammar import harmony_grammar
 from ..openai import (
     ChatCompletionStream,
-    Prompt,
     RequestError,
     ResponsesStream,
     completion_to_chat_completion,
@@ -37,6 +38,7 @@ from ..openai.chat import content_logprobs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
+from .body import PIECES_FROM, loads_in_pieces
 from .engines import Job, Piece
 from .metrics import Metrics
 from .settings import Settings
@@ -50,6 +52,46 @@ Send = Callable[[Message], Awaitable[None]]
 log = logging.getLogger("harmonykit.server")
 
 _INLINE_RENDER_BYTES = 64 * 1024  # smaller bodies render on the loop: cheaper than a thread hop
+_CONVERSATION = ("messages", "input")  # what the prompt's tokens hold once rendered
+
+
+def _release(items: list[Any]) -> None:
+    while items:
+        del items[-2048:]
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_thresholds = (700, 10, 10)
+
+
+def _render_off_loop(render: Callable[[HarmonyEncoding, dict[str, Any]], Any], encoding: HarmonyEncoding,
+                     request: dict[str, Any], keep: bool) -> list[int]:
+    """A large request's prompt tokens, rendered in a worker thread. A request of 250k
+    messages makes millions of objects: each full collection over them held the GIL for half
+    a second, and so did freeing them at once, stalling every stream. So while it renders only
+    the youngest objects are collected (each time a few hundred, as always), and the
+    conversation (unless ``keep``: it is logged) goes a few thousand objects at a time,
+    letting the event loop run in between."""
+    global _gc_pauses, _gc_thresholds
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_thresholds = gc.get_threshold()
+            gc.set_threshold(_gc_thresholds[0], 1 << 30, 1 << 30)
+        _gc_pauses += 1
+    try:
+        prompt = render(encoding, request)
+        if not keep:
+            _release(prompt.conversation.messages)
+            for key in _CONVERSATION:
+                items = request.pop(key, None)
+                if isinstance(items, list):
+                    _release(items)
+        tokens: list[int] = prompt.tokens
+        return tokens
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0:
+                gc.set_threshold(*_gc_thresholds)
 _BYTES_PER_TOKEN_BOUND = 64
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
                 (b"x-accel-buffering", b"no")]
@@ -216,28 +258,29 @@ class Gateway:
                 render = render_chat_request if kind == "chat" else render_responses_request
                 # A large request renders off the event loop (tiktoken lets go of the GIL), so one
                 # client's megabytes never stall everyone else's streams.
-                prompt = render(self.encoding, request) if size < _INLINE_RENDER_BYTES else \
-                    await asyncio.to_thread(render, self.encoding, request)
+                keep = self.settings.log_content
+                tokens = render(self.encoding, request).tokens if size < _INLINE_RENDER_BYTES else \
+                    await asyncio.to_thread(_render_off_loop, render, self.encoding, request, keep)
                 grammar = harmony_grammar(request) if self.settings.guided else None
                 if grammar is None:
                     _check_tool_choice(request)
-                job = Job(prompt.tokens, sampling(request, kind), output_limit(request, kind),
+                job = Job(tokens, sampling(request, kind), output_limit(request, kind),
                           logprobs_wanted(request, kind), grammar)
             except RequestError as e:
                 raise HTTPError(400, e.message, param=e.param) from None
             except HarmonyError as e:  # text the tokenizer cannot take (a run of mixed whitespace)
                 raise HTTPError(400, str(e), param="messages" if kind == "chat" else "input") from None
-            info["prompt_tokens"] = len(prompt.tokens)
-            self.metrics.tokens.labels("in").inc(len(prompt.tokens))
             if self.settings.log_content:
                 info["request"] = request
+            info["prompt_tokens"] = len(job.prompt)
+            self.metrics.tokens.labels("in").inc(len(job.prompt))
             if request.get("stream"):
-                return await self._stream(send, receive, request, prompt, job, kind, info)
-            return await self._whole(send, receive, request, prompt, job, kind, info)
+                return await self._stream(send, receive, request, job, kind, info)
+            return await self._whole(send, receive, request, job, kind, info)
         finally:
             self.active -= 1
 
-    async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], prompt: Prompt, job: Job,
+    async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
                      kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
         call = asyncio.ensure_future(self._call(self.upstream.complete(job, request.get("model"),
@@ -265,7 +308,7 @@ class Gateway:
         if kind == "chat":
             out = completion_to_chat_completion(
                 self.encoding, [(ids, reason) for ids, _, reason in runs], request=request,
-                model=client_model, prompt_tokens=len(prompt.tokens))
+                model=client_model, prompt_tokens=len(job.prompt))
             if job.logprobs is not None:
                 for choice, (ids, lps, _) in zip(out["choices"], runs, strict=True):
                     choice["logprobs"] = {"content": content_logprobs(self.encoding, ids, lps, request),
@@ -274,14 +317,14 @@ class Gateway:
         else:
             ids, lps, reason = runs[0]
             out = completion_to_response(self.encoding, ids, request=request, model=client_model,
-                                         finish_reason=reason, prompt_tokens=len(prompt.tokens))
+                                         finish_reason=reason, prompt_tokens=len(job.prompt))
             harmony = [out["harmony"]]
         completion = sum(len(p.ids) for p in pieces)
         self._count(info, completion, harmony)
         await _json_response(send, 200, out)
         return 200
 
-    async def _stream(self, send: Send, receive: Receive, request: dict[str, Any], prompt: Prompt,
+    async def _stream(self, send: Send, receive: Receive, request: dict[str, Any],
                       job: Job, kind: str, info: dict[str, Any]) -> int:
         t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
@@ -291,10 +334,10 @@ class Gateway:
         out: ChatCompletionStream | ResponsesStream
         if kind == "chat":
             out = ChatCompletionStream(self.encoding, request=request, model=client_model,
-                                       prompt_tokens=len(prompt.tokens))
+                                       prompt_tokens=len(job.prompt))
         else:
             out = ResponsesStream(self.encoding, request=request, model=client_model,
-                                  prompt_tokens=len(prompt.tokens))
+                                  prompt_tokens=len(job.prompt))
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         # The opening events (Chat's role chunk, response.created) go out at once, as OpenAI's do.
         await send({"type": "http.response.body", "more_body": True,
@@ -388,8 +431,11 @@ class Gateway:
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
+        data = b"".join(chunks)
         try:
-            return orjson.loads(b"".join(chunks)), size
+            if size < PIECES_FROM:
+                return orjson.loads(data), size
+            return await asyncio.to_thread(loads_in_pieces, data), size
         except orjson.JSONDecodeError as e:
             raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
 
