@@ -200,6 +200,17 @@ class HarmonyEncoding:
         self._renderer.render_message(message, has_tools, out)
         return out
 
+    def render_append(self, message: Message, out: list[int], has_function_tools: bool = False) -> None:
+        """Append one message's tokens to ``out`` (what ``render`` gives, without a list of its own).
+
+        >>> enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        >>> out = [200006]
+        >>> enc.render_append(Message.from_role_and_content(Role.USER, "Hi"), out)
+        >>> enc.decode_utf8(out)
+        '<|start|><|start|>user<|message|>Hi<|end|>'
+        """
+        self._renderer.render_message(message, has_function_tools, out)
+
     def render_conversation(
         self, conversation: Conversation, config: RenderConversationConfig | None = None
     ) -> list[int]:

@@ -83,7 +83,7 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
         if m.channel == "analysis" and i < drop:
             continue
         start = len(tokens)
-        tokens += read.tokens[i - first]
+        tokens += read.tokens_of(i - first)
         end = len(tokens)
         assistant = m.author.role is Role.ASSISTANT
         if not assistant:

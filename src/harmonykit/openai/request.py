@@ -254,13 +254,16 @@ class _Builder:
         self.cache = MESSAGE_CACHE if cache else None
         self.instructions: list[str] = []
         self.messages: list[Message] = []
-        self.tokens: list[Sequence[int]] = []
+        self.tokens: list[int] = []  # every message's, one after another
+        self.spans: list[tuple[int, int]] = []  # where each message's are
         self.call_names: dict[str, str] = {}
         self._calls: list[tuple[str, str]] = []
 
     def add(self, message: Message) -> None:
         self.messages.append(message)
-        self.tokens.append(self.encoding.render(message))
+        start = len(self.tokens)
+        self.encoding.render_append(message, self.tokens)
+        self.spans.append((start, len(self.tokens)))
 
     def cached(self, source: dict[str, Any], context: Any, build: Callable[..., None],
                *args: Any) -> None:
@@ -277,7 +280,11 @@ class _Builder:
                     for role, name, channel, recipient, content_type, text in found[2]:
                         self.messages.append(_message(_ROLES[role], text, name=name, channel=channel,
                                                       recipient=recipient, content_type=content_type))
-                    self.tokens += found[3]
+                    flat, spans = self.tokens, self.spans
+                    for toks in found[3]:
+                        start = len(flat)
+                        flat += toks
+                        spans.append((start, len(flat)))
                     self.call_names.update(found[4])
                     self._calls += found[4]
                     return
@@ -285,7 +292,7 @@ class _Builder:
         build(self, *args)
         if cache is not None and key is not None and data is not None:
             kept = tuple(_kept(m) for m in self.messages[first:])
-            tokens = tuple(tuple(t) for t in self.tokens[first:])
+            tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
             data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
             entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
             # The texts are held once (the client's dict goes), and once more serialized.
@@ -416,7 +423,13 @@ class Request:
 
     head: Head
     messages: list[Message]
-    tokens: list[Sequence[int]]
+    tokens: list[int]
+    spans: list[tuple[int, int]]
+
+    def tokens_of(self, i: int) -> list[int]:
+        """The tokens of ``messages[i]``."""
+        start, end = self.spans[i]
+        return self.tokens[start:end]
 
 
 def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
@@ -426,9 +439,12 @@ def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
     # whole conversation, each message on its own.
     drop = analysis_drop_boundary(messages, None) - len(head.messages)
     tokens = list(head.tokens)
-    for i, toks in enumerate(read.tokens):
-        if i >= drop or read.messages[i].channel != "analysis":
-            tokens += toks
+    if drop <= 0:
+        tokens += read.tokens
+    else:
+        for i, (start, end) in enumerate(read.spans):
+            if i >= drop or read.messages[i].channel != "analysis":
+                tokens += read.tokens[start:end]
     tokens += [START, *encoding.encode(Role.ASSISTANT.value)]
     return Prompt(Conversation.from_messages(messages), tokens, tool_names=list(head.names.declared),
                   names=head.names)
@@ -500,7 +516,7 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
 
     parts = ("chat", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              request.get("response_format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens)
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens, b.spans)
 
 
 # What one client message or input item becomes (``_Builder.cached`` runs them).
@@ -613,7 +629,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
 
     parts = ("responses", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              (text_cfg or {}).get("format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens)
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens, b.spans)
 
 
 def _responses_assistant(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:

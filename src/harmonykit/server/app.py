@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hmac
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -38,8 +36,8 @@ from ..openai.chat import content_logprobs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
-from .body import PIECES_FROM, loads_in_pieces
 from .engines import Job, Piece
+from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
 from .metrics import Metrics
 from .settings import Settings
 from .upstream import ContextExceeded, Upstream, UpstreamError, UpstreamRejected
@@ -51,47 +49,6 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("harmonykit.server")
 
-_INLINE_RENDER_BYTES = 64 * 1024  # smaller bodies render on the loop: cheaper than a thread hop
-_CONVERSATION = ("messages", "input")  # what the prompt's tokens hold once rendered
-
-
-def _release(items: list[Any]) -> None:
-    while items:
-        del items[-2048:]
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_thresholds = (700, 10, 10)
-
-
-def _render_off_loop(render: Callable[[HarmonyEncoding, dict[str, Any]], Any], encoding: HarmonyEncoding,
-                     request: dict[str, Any], keep: bool) -> list[int]:
-    """A large request's prompt tokens, rendered in a worker thread. A request of 250k
-    messages makes millions of objects: each full collection over them held the GIL for half
-    a second, and so did freeing them at once, stalling every stream. So while it renders only
-    the youngest objects are collected (each time a few hundred, as always), and the
-    conversation (unless ``keep``: it is logged) goes a few thousand objects at a time,
-    letting the event loop run in between."""
-    global _gc_pauses, _gc_thresholds
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_thresholds = gc.get_threshold()
-            gc.set_threshold(_gc_thresholds[0], 1 << 30, 1 << 30)
-        _gc_pauses += 1
-    try:
-        prompt = render(encoding, request)
-        if not keep:
-            _release(prompt.conversation.messages)
-            for key in _CONVERSATION:
-                items = request.pop(key, None)
-                if isinstance(items, list):
-                    _release(items)
-        tokens: list[int] = prompt.tokens
-        return tokens
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0:
-                gc.set_threshold(*_gc_thresholds)
 _BYTES_PER_TOKEN_BOUND = 64
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
                 (b"x-accel-buffering", b"no")]
@@ -246,21 +203,15 @@ class Gateway:
         self._authorize(scope)
         # The body is read before a slot is taken, with a deadline: a client that sends nothing
         # holds no slot, and not for long.
-        request, size = await self._read_json(scope, receive)
+        data = await self._read_body(scope, receive)
         if self.active >= self.settings.max_concurrency:
             raise HTTPError(429, f"the gateway is serving its maximum of {self.settings.max_concurrency} "
                                  "requests; retry shortly", code="concurrency_limit")
         self.active += 1
         try:
-            self._bound(size)
+            self._bound(len(data))
             try:
-                check_fields(request, kind)
-                render = render_chat_request if kind == "chat" else render_responses_request
-                # A large request renders off the event loop (tiktoken lets go of the GIL), so one
-                # client's megabytes never stall everyone else's streams.
-                keep = self.settings.log_content
-                tokens = render(self.encoding, request).tokens if size < _INLINE_RENDER_BYTES else \
-                    await asyncio.to_thread(_render_off_loop, render, self.encoding, request, keep)
+                request, tokens = await self._prepare(data, kind)
                 grammar = harmony_grammar(request) if self.settings.guided else None
                 if grammar is None:
                     _check_tool_choice(request)
@@ -279,6 +230,25 @@ class Gateway:
             return await self._whole(send, receive, request, job, kind, info)
         finally:
             self.active -= 1
+
+    async def _prepare(self, data: bytes, kind: str) -> tuple[dict[str, Any], list[int]]:
+        """The request, checked, and its prompt tokens. A large one is read and rendered off the
+        event loop (server/large.py): one client's megabytes never stall everyone's streams."""
+        if len(data) < LARGE:
+            request = _parse(data)
+            check_fields(request, kind)
+            return request, _RENDER[kind](self.encoding, request).tokens
+        with young_only():
+            try:
+                request = await asyncio.to_thread(loads_in_pieces, data) if len(data) >= PIECES_FROM \
+                    else orjson.loads(data)
+            except orjson.JSONDecodeError as e:
+                raise _invalid_json(e) from None
+            del data
+            check_fields(request, kind)
+            tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,
+                                             self.settings.log_content)
+        return request, tokens
 
     async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
                      kind: str, info: dict[str, Any]) -> int:
@@ -406,9 +376,8 @@ class Gateway:
         key = self.settings.api_key
         return key is None or hmac.compare_digest(_bearer(scope).encode("latin-1"), key.encode("latin-1"))
 
-    async def _read_json(self, scope: Scope, receive: Receive) -> tuple[Any, int]:
-        """The request's JSON and its size in bytes; each piece of the body must come within
-        --body-timeout seconds."""
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        """The request's body; each piece of it must come within --body-timeout seconds."""
         limit = self.settings.max_body_bytes
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
@@ -431,13 +400,7 @@ class Gateway:
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
-        data = b"".join(chunks)
-        try:
-            if size < PIECES_FROM:
-                return orjson.loads(data), size
-            return await asyncio.to_thread(loads_in_pieces, data), size
-        except orjson.JSONDecodeError as e:
-            raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+        return b"".join(chunks)
 
     def _bound(self, size: int) -> None:
         """Refuse, before any work, a body far larger than any prompt the engines' context holds
@@ -496,6 +459,20 @@ def _log_line(info: dict[str, Any]) -> str:
     except (TypeError, orjson.JSONEncodeError):
         info["request"] = "(not logged: it cannot be written as JSON, e.g. nested too deep)"
         return orjson.dumps(info, default=str).decode()
+
+
+_RENDER = {"chat": render_chat_request, "responses": render_responses_request}
+
+
+def _parse(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise _invalid_json(e) from None
+
+
+def _invalid_json(e: orjson.JSONDecodeError) -> HTTPError:
+    return HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json")
 
 
 def _check_tool_choice(request: dict[str, Any]) -> None:

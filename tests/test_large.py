@@ -10,7 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harmonykit.server.body import loads_in_pieces
+from harmonykit.server import large as body_module
+from harmonykit.server.large import loads_in_pieces
+
+
+@pytest.fixture(autouse=True)
+def _every_body_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(body_module, "PIECES_OBJECTS", 0)  # small bodies too, so the pieces are what is tested
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
