@@ -204,15 +204,20 @@ def analysis_drop_boundary(
     """
     if config is not None and not config.auto_drop_analysis:
         return 0
+    return drop_boundary([m.author.role for m in messages], [m.channel for m in messages])
+
+
+def drop_boundary(roles: Sequence[Role], channels: Sequence[str | None]) -> int:
+    """``analysis_drop_boundary`` of a conversation given as its messages' roles and channels."""
     last_is_final = False
-    for message in reversed(messages):
-        if message.author.role is Role.ASSISTANT:
-            last_is_final = message.channel == "final"
+    for role, channel in zip(reversed(roles), reversed(channels), strict=True):
+        if role is Role.ASSISTANT:
+            last_is_final = channel == "final"
             break
     if not last_is_final:
         return 0
-    for i, message in enumerate(messages):
-        if message.channel == "final":
+    for i, channel in enumerate(channels):
+        if channel == "final":
             return i
     return 0  # pragma: no cover - a final assistant message exists
 

@@ -5,13 +5,14 @@ Pure functions over plain dicts (the JSON bodies of the two APIs); no HTTP.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, compact_key, parts_key
+from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, parts_key
 from ..encoding import HarmonyEncoding
 from ..model import (
     Author,
@@ -27,7 +28,7 @@ from ..model import (
     text_author,
     text_message,
 )
-from ..render import analysis_drop_boundary
+from ..render import drop_boundary
 from ..tokens import CALL, RETURN, START
 from .errors import RequestError, shown
 from .names import ToolNames, identifier
@@ -40,15 +41,35 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 
 @dataclass
 class Prompt:
-    """A rendered request: the conversation, its tokens (ending in ``<|start|>assistant``),
-    the stop tokens to sample with (``<|return|>``, ``<|call|>``), the declared function
-    names and ``names``, which maps the identifiers the prompt shows back to them."""
+    """A rendered request: its tokens (ending in ``<|start|>assistant``), the stop tokens to
+    sample with (``<|return|>``, ``<|call|>``), the declared function names and ``names``,
+    which maps the identifiers the prompt shows back to them; and ``conversation``, built
+    when first read (a server that only sends the tokens never builds it)."""
 
-    conversation: Conversation
     tokens: list[int]
     stop_token_ids: list[int] = field(default_factory=lambda: [RETURN, CALL])
     tool_names: list[str] = field(default_factory=list)
     names: ToolNames = field(default_factory=ToolNames)
+    request: Request | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def conversation(self) -> Conversation:
+        assert self.request is not None, "a Prompt made by render_chat_request / render_responses_request"
+        return Conversation.from_messages([*self.request.head.messages, *self.request.messages])
+
+    def release(self) -> None:
+        """Let go of the conversation a few thousand messages at a time: freeing a request of
+        250k messages at once holds the GIL (a server's other streams would stall)."""
+        if self.request is not None:
+            _release(self.request.items)
+            self.__dict__.pop("conversation", None)
+            self.request.__dict__.pop("messages", None)
+            self.request = None
+
+
+def _release(items: list[Any]) -> None:
+    while items:
+        del items[-2048:]
 
 
 def _effort(value: Any, param: str) -> ReasoningEffort:
@@ -224,18 +245,19 @@ _Rendered = tuple[bytes, bool, tuple[_Kept, ...], tuple[tuple[int, ...], ...], t
 MESSAGE_CACHE: LRU[tuple[Any, ...], _Rendered] = LRU(MESSAGE_CACHE_BYTES)
 
 
-def _finite(value: Any) -> bool:
-    """No NaN or infinity anywhere in ``value`` (serialized, they read as null)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
+def _finite(source: dict[str, Any]) -> bool:
+    """No NaN or infinity among ``source``'s fields (serialized, they read as null). Only there
+    does null pass where NaN is refused (``content``, ``reasoning_content``, ``tool_calls``);
+    deeper, both are refused alike, or both ignored."""
+    for value in source.values():
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
     return True
 
 
-def _kept(m: Message) -> _Kept:
+def _kept(m: Message | _Kept) -> _Kept:
+    if isinstance(m, tuple):
+        return m
     return (m.author.role.value, m.author.name, m.channel, m.recipient, m.content_type, _text_of(m))
 
 
@@ -253,14 +275,14 @@ class _Builder:
         self.api = api
         self.cache = MESSAGE_CACHE if cache else None
         self.instructions: list[str] = []
-        self.messages: list[Message] = []
+        self.items: list[Message | _Kept] = []  # a message, or one from the cache as plain values
         self.tokens: list[int] = []  # every message's, one after another
         self.spans: list[tuple[int, int]] = []  # where each message's are
         self.call_names: dict[str, str] = {}
         self._calls: list[tuple[str, str]] = []
 
     def add(self, message: Message) -> None:
-        self.messages.append(message)
+        self.items.append(message)
         start = len(self.tokens)
         self.encoding.render_append(message, self.tokens)
         self.spans.append((start, len(self.tokens)))
@@ -274,12 +296,10 @@ class _Builder:
         if cache is not None:
             data = parts_key(source)  # the client's key order kept
             if data is not None:
-                key = (self.api, id(self.encoding), context, *compact_key(data))
+                key = (self.api, id(self.encoding), context, hash(data), len(data))  # as compact_key
                 found = cache.get(key)
                 if found is not None and found[0] == data and (not found[1] or _finite(source)):
-                    for role, name, channel, recipient, content_type, text in found[2]:
-                        self.messages.append(_message(_ROLES[role], text, name=name, channel=channel,
-                                                      recipient=recipient, content_type=content_type))
+                    self.items += found[2]
                     flat, spans = self.tokens, self.spans
                     for toks in found[3]:
                         start = len(flat)
@@ -288,10 +308,10 @@ class _Builder:
                     self.call_names.update(found[4])
                     self._calls += found[4]
                     return
-        first, calls = len(self.messages), len(self._calls)
+        first, calls = len(self.items), len(self._calls)
         build(self, *args)
         if cache is not None and key is not None and data is not None:
-            kept = tuple(_kept(m) for m in self.messages[first:])
+            kept = tuple(_kept(m) for m in self.items[first:])
             tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
             data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
             entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
@@ -422,9 +442,16 @@ class Request:
     each one's tokens (the chain-of-thought rule not applied yet)."""
 
     head: Head
-    messages: list[Message]
+    items: list[Message | _Kept]
     tokens: list[int]
     spans: list[tuple[int, int]]
+
+    @functools.cached_property
+    def messages(self) -> list[Message]:
+        """The messages after the head (those from the cache built now)."""
+        return [m if isinstance(m, Message) else _message(_ROLES[m[0]], m[5], name=m[1], channel=m[2],
+                                                          recipient=m[3], content_type=m[4])
+                for m in self.items]
 
     def tokens_of(self, i: int) -> list[int]:
         """The tokens of ``messages[i]``."""
@@ -434,20 +461,28 @@ class Request:
 
 def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
     head = read.head
-    messages = [*head.messages, *read.messages]
     # As render_conversation_for_completion renders it: the chain-of-thought rule over the
     # whole conversation, each message on its own.
-    drop = analysis_drop_boundary(messages, None) - len(head.messages)
+    roles = [m.author.role for m in head.messages] + [_role_of(m) for m in read.items]
+    channels = [m.channel for m in head.messages] + [_channel_of(m) for m in read.items]
+    drop = drop_boundary(roles, channels) - len(head.messages)
     tokens = list(head.tokens)
     if drop <= 0:
         tokens += read.tokens
     else:
         for i, (start, end) in enumerate(read.spans):
-            if i >= drop or read.messages[i].channel != "analysis":
+            if i >= drop or channels[len(head.messages) + i] != "analysis":
                 tokens += read.tokens[start:end]
     tokens += [START, *encoding.encode(Role.ASSISTANT.value)]
-    return Prompt(Conversation.from_messages(messages), tokens, tool_names=list(head.names.declared),
-                  names=head.names)
+    return Prompt(tokens, tool_names=list(head.names.declared), names=head.names, request=read)
+
+
+def _role_of(m: Message | _Kept) -> Role:
+    return _ROLES[m[0]] if isinstance(m, tuple) else m.author.role
+
+
+def _channel_of(m: Message | _Kept) -> str | None:
+    return m[2] if isinstance(m, tuple) else m.channel
 
 
 def api_of(body: dict[str, Any]) -> str:
@@ -516,7 +551,7 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
 
     parts = ("chat", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              request.get("response_format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens, b.spans)
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.items, b.tokens, b.spans)
 
 
 # What one client message or input item becomes (``_Builder.cached`` runs them).
@@ -629,7 +664,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
 
     parts = ("responses", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
              (text_cfg or {}).get("format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.messages, b.tokens, b.spans)
+    return Request(_head(encoding, parts, effort, b.instructions, head), b.items, b.tokens, b.spans)
 
 
 def _responses_assistant(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:

@@ -165,7 +165,7 @@ def render_tokens(render: Callable[[HarmonyEncoding, dict[str, Any]], Any], enco
     goes from it, and the rendered messages go, a few thousand objects at a time."""
     prompt = render(encoding, request)
     if not keep:
-        _release(prompt.conversation.messages)
+        prompt.release()
         for key in _CONVERSATION:
             items = request.pop(key, None)
             if isinstance(items, list):
