@@ -308,15 +308,15 @@ class Gateway:
         else:
             out = ResponsesStream(self.encoding, request=request, model=client_model,
                                   prompt_tokens=len(job.prompt))
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        # The opening events (Chat's role chunk, response.created) go out at once, as OpenAI's do.
-        await send({"type": "http.response.body", "more_body": True,
-                    "body": b"".join([_frame(e, kind) for e in out.feed([])])})
         self.metrics.streams_open.inc()
-        end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
-        pump = asyncio.ensure_future(self._pump(send, batches, out, end, kind, info))
         watch = asyncio.ensure_future(_disconnected(receive))
-        try:
+        try:  # from here on, however it ends, the engine's stream is closed (an abort, if running)
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            # The opening events (Chat's role chunk, response.created) go out at once, as OpenAI's do.
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": b"".join([_frame(e, kind) for e in out.feed([])])})
+            end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
+            pump = asyncio.ensure_future(self._pump(send, batches, out, end, kind, info))
             done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
             if pump not in done:  # the client went away: stop generating upstream
                 info["error"] = "client disconnected"
