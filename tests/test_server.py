@@ -594,4 +594,5 @@ def test_a_headerless_answer_streams_before_its_end() -> None:
     assert "".join(parts).endswith("word399.")
     # 400 words are 800 tokens; the text starts after at most HEADER_LIMIT of them
     assert chunks > 700 and first < total / 4, (first, total)
+    print(f"first text after {first:.2f} s of {total:.2f} s ({chunks} chunks)")
     assert HEADER_LIMIT <= 64
