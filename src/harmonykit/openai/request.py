@@ -61,13 +61,14 @@ class Prompt:
         """Let go of the conversation a few thousand messages at a time: freeing a request of
         250k messages at once holds the GIL (a server's other streams would stall)."""
         if self.request is not None:
-            _release(self.request.items)
+            let_go(self.request.items)
             self.__dict__.pop("conversation", None)
             self.request.__dict__.pop("messages", None)
             self.request = None
 
 
-def _release(items: list[Any]) -> None:
+def let_go(items: list[Any]) -> None:
+    """Empty ``items`` a few thousand at a time, letting other threads run in between."""
     while items:
         del items[-2048:]
 

@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from ..encoding import HarmonyEncoding
+from ..openai.request import let_go
 
 #: Bodies from this size are large: read and rendered in a worker thread (a thread hop costs
 #: more than rendering a smaller one on the loop).
@@ -169,11 +170,6 @@ def render_tokens(render: Callable[[HarmonyEncoding, dict[str, Any]], Any], enco
         for key in _CONVERSATION:
             items = request.pop(key, None)
             if isinstance(items, list):
-                _release(items)
+                let_go(items)
     tokens: list[int] = prompt.tokens
     return tokens
-
-
-def _release(items: list[Any]) -> None:
-    while items:
-        del items[-2048:]
