@@ -74,8 +74,7 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
     # The chain-of-thought rule over the history only (inference) or the whole record (reference).
     drop = analysis_drop_boundary(messages[:turn] if cot == "inference" else messages, None)
     tokens = list(head.tokens)
-    labels = [IGNORE] * len(tokens)
-    mask = [0] * len(tokens)
+    trained_spans: list[tuple[int, int, bool]] = []  # assistant tokens: (begin, end, trained)
     last = len(messages) - 1
     previous_assistant = False
     for i in range(first, len(messages)):
@@ -84,23 +83,21 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
             continue
         start = len(tokens)
         tokens += read.tokens_of(i - first)
-        end = len(tokens)
         assistant = m.author.role is Role.ASSISTANT
-        if not assistant:
-            labels += [IGNORE] * (end - start)
-            mask += [0] * (end - start)
-        else:
+        if assistant:
             generated = i >= turn if cot == "inference" else i == last
             if m.channel == "final" and tokens[-1] == END and generated:
                 tokens[-1] = RETURN  # generation ends there
             # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
             begin = start if previous_assistant else start + 2
-            mask += [0] * (begin - start)
-            mask += [1] * (end - begin)
-            labels += [IGNORE] * (begin - start)
-            trained = train_on == "all_assistant" or i >= turn
-            labels += tokens[begin:end] if trained else [IGNORE] * (end - begin)
+            trained_spans.append((begin, len(tokens), train_on == "all_assistant" or i >= turn))
         previous_assistant = assistant
+    labels = [IGNORE] * len(tokens)
+    mask = [0] * len(tokens)
+    for begin, end, trained in trained_spans:
+        mask[begin:end] = [1] * (end - begin)
+        if trained:
+            labels[begin:end] = tokens[begin:end]
     return {"input_ids": tokens, "labels": labels, "assistant_mask": mask}
 
 
