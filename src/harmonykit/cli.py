@@ -32,6 +32,7 @@ from . import (
     __version__,
     load_harmony_encoding,
 )
+from .model import message_text
 
 
 class CLIError(Exception):
@@ -177,7 +178,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
         if msg.content_type is not None:
             head.append(f"type={msg.content_type}")
         lines = [f"{paint('title', f'#{i}')} {' '.join(head)} {paint('meta', f'[tokens {start}-{end})')}"]
-        body = "".join(getattr(c, "text", "") for c in msg.content)
+        body = message_text(msg)
         lines += ["    " + paint("body", line) for line in (body.splitlines() or [""])]
         for r in result.repairs:
             if start <= r.start < end and (r.start, r.end) not in result.skipped:

@@ -394,3 +394,8 @@ text_author, text_message = ((_trusted_author, _trusted_message) if _check_trust
                              else (_validated_author, _validated_message))
 """``text_author(role, name)`` and ``text_message(author, text, channel, recipient,
 content_type)``: an Author and a one-text Message from already-checked values."""
+
+
+def message_text(message: Message) -> str:
+    """A message's text: its text parts, joined (other parts have none)."""
+    return "".join(getattr(c, "text", "") for c in message.content)

@@ -40,7 +40,7 @@ _PIECE_CACHE_LIMIT = 4096
 #   (``[\r\n/]*`` may follow it, a space may not), and a chunk may begin with one space;
 # - after a newline and before a letter: a chunk holding a newline is white space or ends
 #   with it, and a chunk's optional first character is never a newline.
-# tests/test_render.py checks cut against whole encodes.
+# tests/test_render_cache.py checks the cuts against whole encodes.
 _SEAM = re.compile(r"\n\n(?://(?= [A-Za-z])|(?=type |namespace ))")  # cut at its end
 #: Bytes of system and developer message parts kept encoded (``_SEAM``).
 SECTION_CACHE_BYTES = 8 << 20

@@ -10,9 +10,9 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, parts_key
+from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, compact_key, parts_key
 from ..encoding import HarmonyEncoding
 from ..model import (
     Author,
@@ -25,6 +25,7 @@ from ..model import (
     SystemContent,
     TextContent,
     ToolDescription,
+    message_text,
     text_author,
     text_message,
 )
@@ -256,16 +257,8 @@ def _finite(source: dict[str, Any]) -> bool:
     return True
 
 
-def _kept(m: Message | _Kept) -> _Kept:
-    if isinstance(m, tuple):
-        return m
-    return (m.author.role.value, m.author.name, m.channel, m.recipient, m.content_type, _text_of(m))
-
-
-def _text_of(m: Message) -> str:
-    (content,) = m.content  # the messages built here have one text part
-    assert isinstance(content, TextContent)
-    return content.text
+def _kept(m: Message) -> _Kept:
+    return (m.author.role.value, m.author.name, m.channel, m.recipient, m.content_type, message_text(m))
 
 
 class _Builder:
@@ -297,7 +290,7 @@ class _Builder:
         if cache is not None:
             data = parts_key(source)  # the client's key order kept
             if data is not None:
-                key = (self.api, id(self.encoding), context, hash(data), len(data))  # as compact_key
+                key = (self.api, id(self.encoding), context, *compact_key(data))
                 found = cache.get(key)
                 if found is not None and found[0] == data and (not found[1] or _finite(source)):
                     self.items += found[2]
@@ -312,7 +305,8 @@ class _Builder:
         first, calls = len(self.items), len(self._calls)
         build(self, *args)
         if cache is not None and key is not None and data is not None:
-            kept = tuple(_kept(m) for m in self.items[first:])
+            built = cast(list[Message], self.items[first:])  # build() adds Message objects only
+            kept = tuple(_kept(m) for m in built)
             tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
             data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
             entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
@@ -617,7 +611,6 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
             raise RequestError(param, "each input item must be an object")
         kind = item.get("type", "message")
         # The reasoning items before an assistant item become its analysis message.
-        reasoning = "".join(pending_reasoning)
         if kind == "message":
             role = item.get("role")
             if role in ("system", "developer"):
@@ -625,6 +618,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
             elif role == "user":
                 b.cached(item, None, _user, item, param)
             elif role == "assistant":
+                reasoning = "".join(pending_reasoning)
                 b.cached(item, reasoning, _responses_assistant, item, param, reasoning)
                 pending_reasoning = []
             else:
@@ -637,11 +631,10 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
             pending_reasoning.append(_text(
                 [{"type": "text", "text": p.get("text")} if isinstance(p, dict) else p for p in parts],
                 f"{param}.{key}"))
-        elif kind == "function_call":
-            b.cached(item, reasoning, _function_call, item, param, reasoning)
-            pending_reasoning = []
-        elif kind in ("web_search_call", "code_interpreter_call"):
-            b.cached(item, reasoning, _builtin_call, item, param, reasoning)
+        elif kind in ("function_call", "web_search_call", "code_interpreter_call"):
+            reasoning = "".join(pending_reasoning)
+            build = _function_call if kind == "function_call" else _builtin_call
+            b.cached(item, reasoning, build, item, param, reasoning)
             pending_reasoning = []
         elif kind == "function_call_output":
             name = b.call_name(item.get("call_id"), f"{param}.call_id")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from ..encoding import HarmonyEncoding
-from ..model import Message, Role, StreamState
+from ..model import Message, Role, StreamState, message_text
 from ..parse.header import Header, named_nothing
 from ..parse.machine import HEADER_LIMIT
 from ..parse.stream import StreamableParser
@@ -300,13 +300,13 @@ class Turn:
             self._open = None
             if len(msgs) > self._seen and _same(msgs[self._seen], op.header):
                 self._seen += 1
-                self._finish(op, _text_of(msgs[self._seen - 1]), self._span(self._seen - 1), cut)
+                self._finish(op, message_text(msgs[self._seen - 1]), self._span(self._seen - 1), cut)
             else:
                 self._finish(op, "", 0, cut)
         while len(msgs) > self._seen:  # messages that arrived whole (no <|message|>, prose, ...)
             m = msgs[self._seen]
             self._seen += 1
-            self._finish(self._begin(_header_of(m)), _text_of(m), self._span(self._seen - 1), cut)
+            self._finish(self._begin(_header_of(m)), message_text(m), self._span(self._seen - 1), cut)
         if p.state is StreamState.CONTENT and p.header is not None and self._open is None and not at_end:
             self._open = self._begin(p.header)
             if p.last_content_delta is not None:
@@ -468,10 +468,6 @@ class Turn:
         for event in held:
             self._text(*event)
         self.notes.append(Note("headerless_text", f"text without a channel shown as {kind}", text))
-
-
-def _text_of(m: Message) -> str:
-    return "".join(getattr(c, "text", "") for c in m.content)
 
 
 def _same(message: Message, header: Header) -> bool:

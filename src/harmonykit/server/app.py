@@ -239,11 +239,8 @@ class Gateway:
             check_fields(request, kind)
             return request, _RENDER[kind](self.encoding, request).tokens
         with young_only():
-            try:
-                request = await asyncio.to_thread(loads_in_pieces, data) if len(data) >= PIECES_FROM \
-                    else orjson.loads(data)
-            except orjson.JSONDecodeError as e:
-                raise _invalid_json(e) from None
+            request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
+                else _parse(data)
             del data
             check_fields(request, kind)
             tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,
@@ -464,15 +461,11 @@ def _log_line(info: dict[str, Any]) -> str:
 _RENDER = {"chat": render_chat_request, "responses": render_responses_request}
 
 
-def _parse(data: bytes) -> Any:
+def _parse(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> Any:
     try:
-        return orjson.loads(data)
+        return loads(data)
     except orjson.JSONDecodeError as e:
-        raise _invalid_json(e) from None
-
-
-def _invalid_json(e: orjson.JSONDecodeError) -> HTTPError:
-    return HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json")
+        raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
 
 
 def _check_tool_choice(request: dict[str, Any]) -> None:

@@ -86,6 +86,10 @@ class Profile:
     check: Callable[[Job], None]
     guided: str | None  # why guided decoding cannot work here (None: it can)
     streams_choices: bool = True  # events carry ``choices`` (OpenAI) or are the choice itself
+    # Where guided decoding depends on the engine's version (asked at /version): why a version
+    # cannot hold a turn to a grammar, and what it needs at the engine's own startup.
+    version_problem: Callable[[str], str | None] | None = None
+    version_caveat: Callable[[str], str | None] | None = None
 
 
 # -- shared pieces ---------------------------------------------------------------
@@ -234,12 +238,41 @@ def _llama_context(card: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def vllm_guided_problem(version: str) -> str | None:
+    """Why a vLLM version cannot hold a whole Harmony turn to a grammar (None: it can)."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (0, 11):
+        return f"vLLM {version} ignores structured_outputs (0.11 and later apply it)"
+    return None
+
+
+def vllm_guided_caveat(version: str) -> str | None:
+    """What a vLLM version needs at its own startup for a grammar to hold the whole turn.
+
+    >>> vllm_guided_caveat("0.20.1") is not None, vllm_guided_caveat("0.32.0")
+    (True, None)
+    """
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (0, 11) <= (major, minor) < (0, 27):
+        return (f"vLLM {version} applies a grammar only once its reasoning parser sees the final channel: "
+                "start it without --reasoning-parser, or (0.13+) with "
+                "--structured-outputs-config.enable_in_reasoning true")
+    return None
+
+
 PROFILES: dict[str, Profile] = {
     "vllm": Profile(
         "vllm", "/v1/completions",
         lambda job, model, stream: _openai_body(job, model, stream,
                                                 lambda g: {"structured_outputs": {"grammar": g}}),
-        _openai_read, _model_context, _check_vllm, None),
+        _openai_read, _model_context, _check_vllm, None,
+        version_problem=vllm_guided_problem, version_caveat=vllm_guided_caveat),
     "sglang": Profile(
         "sglang", "/v1/completions",
         lambda job, model, stream: _openai_body(job, model, stream, lambda g: {"ebnf": g}),
@@ -277,30 +310,3 @@ def model_info(models: dict[str, Any], profile: Profile) -> ModelInfo:
     contexts = [profile.context(c) for c in cards]
     return ModelInfo(names, next((c for c in contexts if c is not None), None))
 
-
-def vllm_guided_problem(version: str) -> str | None:
-    """Why a vLLM version cannot hold a whole Harmony turn to a grammar (None: it can)."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return None
-    if (major, minor) < (0, 11):
-        return f"vLLM {version} ignores structured_outputs (0.11 and later apply it)"
-    return None
-
-
-def vllm_guided_caveat(version: str) -> str | None:
-    """What a vLLM version needs at its own startup for a grammar to hold the whole turn.
-
-    >>> vllm_guided_caveat("0.20.1") is not None, vllm_guided_caveat("0.32.0")
-    (True, None)
-    """
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return None
-    if (0, 11) <= (major, minor) < (0, 27):
-        return (f"vLLM {version} applies a grammar only once its reasoning parser sees the final channel: "
-                "start it without --reasoning-parser, or (0.13+) with "
-                "--structured-outputs-config.enable_in_reasoning true")
-    return None

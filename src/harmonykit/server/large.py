@@ -83,54 +83,58 @@ def _number(digits: str) -> float:
 _decode = json.JSONDecoder(parse_constant=_constant, parse_int=_integer, parse_float=_number).raw_decode
 
 
+def _skip(text: str, i: int) -> int:
+    """Past the white space at ``i``."""
+    return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # matches, if emptily
+
+
 def _object(text: str) -> dict[str, Any]:
-    decode = _decode
     out: dict[str, Any] = {}
-    i = _SPACE.match(text, 0).end()  # type: ignore[union-attr]
+    i = _skip(text, 0)
     if text[i : i + 1] != "{":
         raise _Unsure
-    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    i = _skip(text, i + 1)
     if text[i : i + 1] == "}":
         return _end(text, i + 1, out)
     while True:
         if text[i : i + 1] != '"':
             raise _Unsure
         key, i = scanstring(text, i + 1)
-        i = _SPACE.match(text, i).end()  # type: ignore[union-attr]
+        i = _skip(text, i)
         if text[i : i + 1] != ":":
             raise _Unsure
-        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+        i = _skip(text, i + 1)
         if key in _CONVERSATION and text[i : i + 1] == "[":
-            value, i = _array(text, i, decode)
+            value, i = _array(text, i)
         else:
-            value, i = decode(text, i)
+            value, i = _decode(text, i)
         out[key] = value
-        i = _SPACE.match(text, i).end()  # type: ignore[union-attr]
+        i = _skip(text, i)
         if text[i : i + 1] == "}":
             return _end(text, i + 1, out)
         if text[i : i + 1] != ",":
             raise _Unsure
-        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+        i = _skip(text, i + 1)
 
 
-def _array(text: str, i: int, decode: Any) -> tuple[list[Any], int]:
+def _array(text: str, i: int) -> tuple[list[Any], int]:
     items: list[Any] = []
-    i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+    i = _skip(text, i + 1)
     if text[i : i + 1] == "]":
         return items, i + 1
     while True:
-        item, i = decode(text, i)  # one item: the GIL may go to the event loop after it
+        item, i = _decode(text, i)  # one item: the GIL may go to the event loop after it
         items.append(item)
-        i = _SPACE.match(text, i).end()  # type: ignore[union-attr]
+        i = _skip(text, i)
         if text[i : i + 1] == "]":
             return items, i + 1
         if text[i : i + 1] != ",":
             raise _Unsure
-        i = _SPACE.match(text, i + 1).end()  # type: ignore[union-attr]
+        i = _skip(text, i + 1)
 
 
 def _end(text: str, i: int, out: dict[str, Any]) -> dict[str, Any]:
-    if _SPACE.match(text, i).end() != len(text):  # type: ignore[union-attr]
+    if _skip(text, i) != len(text):
         raise _Unsure
     return out
 

@@ -28,8 +28,6 @@ from .engines import (
     Profile,
     model_info,
     profile_of,
-    vllm_guided_caveat,
-    vllm_guided_problem,
 )
 
 log = logging.getLogger("harmonykit.server")
@@ -171,19 +169,19 @@ class Upstream:
                     version = await self._get(engine, "/version", timeout)
             engine.profile = profile_of(models, version if isinstance(version, dict) else None)
         assert engine.profile is not None
-        if engine.profile.name == "vllm" and engine.version is None:
+        profile = engine.profile
+        if profile.version_problem is not None and engine.version is None:
             with contextlib.suppress(UpstreamError, UpstreamRejected):
                 v = await self._get(engine, "/version", timeout)
                 engine.version = str(v.get("version")) if isinstance(v, dict) else None
-        engine.info = model_info(models, engine.profile)
+        engine.info = model_info(models, profile)
         if self.guided:
-            problem = engine.profile.guided or (
-                vllm_guided_problem(engine.version) if engine.profile.name == "vllm" and engine.version
-                else None)
+            version = engine.version
+            problem = profile.guided or (
+                profile.version_problem(version) if profile.version_problem and version else None)
             if problem:
                 raise GuidedUnsupported(f"--guided cannot work with the engine at {engine.url}: {problem}")
-            caveat = vllm_guided_caveat(engine.version) if engine.profile.name == "vllm" and engine.version \
-                else None
+            caveat = profile.version_caveat(version) if profile.version_caveat and version else None
             if caveat and not engine.warned:
                 engine.warned = True
                 log.warning("%s", orjson.dumps({"upstream": engine.url, "warning": caveat}).decode())
