@@ -340,7 +340,8 @@ def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str, stream: 
     def wait(what: str, before: int, why: str) -> None:
         deadline = time.monotonic() + 20
         while count(what) == before:
-            assert time.monotonic() < deadline, why
+            assert time.monotonic() < deadline, f"{why}; the engine's log ends:\n" + \
+                "\n".join(log.read_text(errors="replace").splitlines()[-15:])
             time.sleep(0.05)
 
     added, aborted = count("Added request"), count("Aborted request")

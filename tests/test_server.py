@@ -596,3 +596,32 @@ def test_a_headerless_answer_streams_before_its_end() -> None:
     assert chunks > 700 and first < total / 4, (first, total)
     print(f"first text after {first:.2f} s of {total:.2f} s ({chunks} chunks)")
     assert HEADER_LIMIT <= 64
+
+
+def test_a_stream_closed_before_it_is_read_stops_the_engine() -> None:
+    """A client that leaves before the first batch leaves the engine's stream unread: closing it
+    must still close the connection (an unstarted generator's own cleanup never runs), or the
+    engine generates on. This failed before EngineStream."""
+    from harmonykit.openai import render_chat_request
+    from harmonykit.server.engines import Job
+    from harmonykit.server.upstream import Upstream
+
+    eng = Engine()
+    enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
+    prompt = render_chat_request(enc, {"messages": [{"role": "user", "content": "fault:hang"}]}).tokens
+
+    async def main() -> int:
+        upstream = Upstream((up,), timeout=10)
+        await upstream.start()
+        try:
+            stream = await upstream.stream(Job(prompt, {}, 100), MODEL, enc)
+            await stream.aclose()  # never read
+            deadline = time.monotonic() + 5
+            while eng.cancelled < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return eng.cancelled
+        finally:
+            await upstream.close()
+
+    with serving(eng) as up:
+        assert asyncio.run(main()) == 1 and eng.active == 0

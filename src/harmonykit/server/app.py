@@ -14,7 +14,7 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -36,11 +36,11 @@ from ..openai.chat import content_logprobs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
-from .engines import Job, Piece
+from .engines import Job
 from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
 from .metrics import Metrics
 from .settings import Settings
-from .upstream import ContextExceeded, Upstream, UpstreamError, UpstreamRejected
+from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -330,7 +330,7 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await batches.aclose()
 
-    async def _pump(self, send: Send, batches: AsyncGenerator[list[Piece], None],
+    async def _pump(self, send: Send, batches: EngineStream,
                     out: ChatCompletionStream | ResponsesStream, end: OutputEnd, kind: str,
                     info: dict[str, Any]) -> None:
         finish = "stop"

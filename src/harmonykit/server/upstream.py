@@ -82,6 +82,26 @@ class ContextExceeded(Exception):
         self.message = str(self)
 
 
+class EngineStream:
+    """An engine's opened stream, read with ``async for`` in batches. ``aclose()`` closes its
+    connection, which tells the engine to stop generating, whether it was read or not: a client
+    that leaves before the first batch leaves a generator never started, and closing one of those
+    runs none of its code."""
+
+    def __init__(self, batches: AsyncGenerator[list[Piece], None], resp: aiohttp.ClientResponse) -> None:
+        self._batches = batches
+        self._resp = resp
+
+    def __aiter__(self) -> AsyncGenerator[list[Piece], None]:
+        return self._batches
+
+    async def aclose(self) -> None:
+        try:
+            await self._batches.aclose()
+        finally:
+            self._resp.close()  # nothing left to do once read to its end (it went back to the pool)
+
+
 class Upstream:
     """A pool of engines: round robin over the healthy ones, failover on connection errors,
     a background health check that brings engines back. Each engine is recognised once
@@ -293,12 +313,11 @@ class Upstream:
             pieces.append(profile.read(choice, encoding, job.logprobs))
         return pieces, data
 
-    async def stream(self, job: Job, model: str | None,
-                     encoding: HarmonyEncoding) -> AsyncGenerator[list[Piece], None]:
+    async def stream(self, job: Job, model: str | None, encoding: HarmonyEncoding) -> EngineStream:
         """The completion as it is generated, in batches: the pieces of the events one network
         read brought. Awaiting this opens the request, so a failing engine fails here."""
         resp, engine, profile = await self._open(job, model, stream=True)
-        return self._batches(resp, engine, profile, encoding, job.logprobs)
+        return EngineStream(self._batches(resp, engine, profile, encoding, job.logprobs), resp)
 
     async def _batches(self, resp: aiohttp.ClientResponse, engine: Engine, profile: Profile,
                        encoding: HarmonyEncoding, top: int | None) -> AsyncGenerator[list[Piece], None]:
