@@ -17,8 +17,9 @@ import harmonykit as hk
 from harmonykit import cache
 from harmonykit.openai import render_chat_request, render_responses_request
 from harmonykit.openai.request import HEAD_CACHE, MESSAGE_CACHE
-from harmonykit.render import _SEAM
+from harmonykit.render import developer_parts
 from harmonykit.server import Settings
+from harmonykit.typescript import namespace_parts, section_parts, tool_text
 from test_parse_differential import _ENC
 
 SETTINGS = settings(max_examples=150, deadline=None,
@@ -31,28 +32,39 @@ def cold(render: Any, request: dict[str, Any]) -> list[int]:
         return tokens
 
 
-# -- the seams: cut text encodes as the whole --------------------------------------------------
+# -- the seams: text cut in parts encodes as the whole -------------------------------------------
 
 _PIECES = ["\n\n// ", "\n\ntype ", "\n\nnamespace ", "\n", "\n\n", " ", "  ", "//", "/", ";", "{", "}", "=>",
-           "any", "Gets", "x", "é", "日本", "'s", "123", "\t", "\r\n", "// ", ",", "?", "😊", "type", "A"]
+           "any", "Gets", "x", "é", "日本", "'s", "123", "\t", "\r\n", "// ", ",", "?", "😊", "type", "A", "#", "_"]
+_texts = st.lists(st.sampled_from(_PIECES), max_size=12).map("".join)
+_schemas = st.one_of(st.none(), st.builds(
+    lambda keys, desc: {"type": "object", "properties": {k: {"type": "string", "description": desc} for k in keys}},
+    st.lists(st.sampled_from(["a", "b_1", "x y"]), unique=True, max_size=2), _texts))
+_tool_texts = st.lists(st.builds(tool_text, _texts.filter(bool), _texts, _schemas), max_size=3)
+
+
+def _encoded_in_parts(parts: list[str]) -> list[int]:
+    return [t for part in parts for t in _ENC.encode(part)]
 
 
 @SETTINGS
-@given(st.lists(st.sampled_from(_PIECES), max_size=60))
-def test_text_cut_at_the_seams_encodes_as_the_whole(pieces: list[str]) -> None:
-    text = "".join(pieces)
-    out: list[int] = []
-    _ENC._renderer._encode_sections(text, out)
-    assert out == _ENC.encode(text)
+@given(_texts.filter(bool), st.one_of(st.none(), _texts), _tool_texts, st.one_of(st.none(), _texts))
+def test_text_cut_in_parts_encodes_as_the_whole(name: str, description: str | None, tools: list[Any],
+                                                instructions: str | None) -> None:
+    """Any namespace name, descriptions, schemas and instructions: the cuts never change a token."""
+    namespace = namespace_parts(name, description, tools)
+    parts = developer_parts(instructions, section_parts([namespace, namespace_parts("functions", None, tools)]))
+    assert _encoded_in_parts(parts) == _ENC.encode("".join(parts))
 
 
 def test_a_tool_section_is_cut_at_each_tool() -> None:
-    text = ("namespace functions {\n\n// Gets the weather\ntype a = () => any;\n\n// Two\n// lines\n"
-            "type b = () => any;\n\ntype c = () => any;\n\n} // namespace functions")
-    cuts = [m.end() for m in _SEAM.finditer(text)]
-    parts = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-    assert parts == ["namespace functions {\n\n//", " Gets the weather\ntype a = () => any;\n\n//",
-                     " Two\n// lines\ntype b = () => any;\n\n", "type c = () => any;\n\n} // namespace functions"]
+    a, b, c = tool_text("a", "Gets the weather", None), tool_text("b", "Two\nlines", None), tool_text("c", "", None)
+    parts = developer_parts("Be brief.", section_parts([namespace_parts("functions", None, [a, b, c])]))
+    assert parts == ["# Instructions\n\nBe brief.\n\n", "# Tools\n\n## functions\n\nnamespace functions",
+                     " {\n\n// Gets the weather\ntype a = () => any", ";\n\n// Two\n// lines\ntype b = () => any",
+                     ";\n\ntype c = () => any", ";\n\n} // namespace functions"]
+    # a namespace whose name ends in neither a letter nor a digit is not cut before its " {"
+    assert namespace_parts("f_", None, [c])[:1] == ["## f_\n\nnamespace f_ {\n\ntype c = () => any"]
 
 
 # -- any sequence of requests renders as cold ----------------------------------------------------

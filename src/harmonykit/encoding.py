@@ -211,6 +211,36 @@ class HarmonyEncoding:
         """
         self._renderer.render_message(message, has_function_tools, out)
 
+    def render_text_append(self, role: Role, text: str, out: list[int], *, name: str | None = None,
+                           channel: str | None = None, recipient: str | None = None,
+                           content_type: str | None = None) -> None:
+        """Append the tokens of a message of one text part given by its fields: what
+        ``render_append`` appends for that message, without building it (a dataset renders
+        millions).
+
+        >>> enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        >>> out: list[int] = []
+        >>> enc.render_text_append(Role.ASSISTANT, "Hi", out, channel="final")
+        >>> enc.decode_utf8(out)
+        '<|start|>assistant<|channel|>final<|message|>Hi<|end|>'
+        """
+        self._renderer.render_text(role, name, recipient, channel, content_type, text, out)
+
+    def render_developer_append(self, instructions: str | None, tools: list[str], text: str | None,
+                                out: list[int]) -> None:
+        """Append the tokens of a developer message given as its fields: a ``DeveloperContent``
+        with ``instructions`` and the ``# Tools`` section ``tools`` (as
+        ``typescript.section_parts`` gives it; ``[]`` for none), when either is given, then a
+        text part ``text``. What rendering that message gives, without building it.
+
+        >>> enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        >>> out: list[int] = []
+        >>> enc.render_developer_append("Be brief.", [], None, out)
+        >>> enc.decode_utf8(out)
+        '<|start|>developer<|message|># Instructions\\n\\nBe brief.<|end|>'
+        """
+        self._renderer.render_developer(instructions, tools, text, out)
+
     def render_conversation(
         self, conversation: Conversation, config: RenderConversationConfig | None = None
     ) -> list[int]:

@@ -8,7 +8,6 @@ becomes a special token: it is encoded with ``encode_ordinary``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import tiktoken
@@ -25,24 +24,25 @@ from .model import (
     TextContent,
 )
 from .tokens import CALL, CHANNEL, CONSTRAIN, CONSTRAIN_MARKER, END, MESSAGE, RETURN, START
-from .typescript import tools_section
+from .typescript import tools_section_parts
 from .vocab import ordinary_encoder
 
 _EFFORT = {"Low": "low", "Medium": "medium", "High": "high"}
 _ROLE_DEBUG = {r: r.value.capitalize() for r in Role}
 _FUNCTIONS_ROUTING = "Calls to these tools must go to the commentary channel: 'functions'."
 _PIECE_CACHE_LIMIT = 4096
-# Where a system or developer message's text is cut, each part encoded on its own (and kept):
-# at the start of each tool of a ``namespace`` block, so that a new tool set costs only its new
-# tools. Each cut provably gives the tokens of the whole (o200k's pre-tokenizer splits the
-# text into chunks that BPE never merges across, and no part of its pattern looks behind):
-# - after ``//`` and before a space and a letter: the chunk holding the ``/`` is punctuation
-#   (``[\r\n/]*`` may follow it, a space may not), and a chunk may begin with one space;
-# - after a newline and before a letter: a chunk holding a newline is white space or ends
-#   with it, and a chunk's optional first character is never a newline.
+# System and developer messages are encoded in parts (``system_parts``, ``developer_parts``),
+# each part kept, so that a new tool set costs only its new tools. Each cut provably gives the
+# tokens of the whole: o200k's pre-tokenizer splits text into chunks that BPE never merges
+# across, each matched from where the last one ended, and no part of its pattern looks behind;
+# a cut where a chunk of the whole ends therefore gives both sides the same chunks. The cuts:
+# - after a newline, before ``#``: only white space and punctuation chunks hold a newline; the
+#   white space ones end at a run's last newline (``\s*[\r\n]+``), and a punctuation chunk
+#   (`` ?[^\s\p{L}\p{N}]+[\r\n/]*``) goes on over newlines and ``/`` only;
+# - after an ASCII letter or digit, before `` {`` or ``;``: letter and digit chunks take
+#   neither a space nor punctuation after their letters or digits (only ``'s`` and its kin).
 # tests/test_render_cache.py checks the cuts against whole encodes.
-_SEAM = re.compile(r"\n\n(?://(?= [A-Za-z])|(?=type |namespace ))")  # cut at its end
-#: Bytes of system and developer message parts kept encoded (``_SEAM``).
+#: Bytes of system and developer message parts kept encoded.
 SECTION_CACHE_BYTES = 8 << 20
 
 
@@ -64,19 +64,15 @@ class Renderer:
                 self._pieces[text] = toks
         return toks
 
-    def _encode_sections(self, text: str, out: list[int]) -> None:
-        """Append ``text``'s tokens, part by part (``_SEAM``); parts met before are not
-        encoded again."""
-        parts = self._parts
-        start = 0
-        for seam in [*_SEAM.finditer(text), None]:
-            end = seam.end() if seam is not None else len(text)
-            part = text[start:end]
-            start = end
-            toks = parts.get(part)
+    def _encode_parts(self, parts: list[str], out: list[int]) -> None:
+        """Append the tokens of the text ``parts`` make, part by part (cut where the tokens
+        of the whole do not change); parts met before are not encoded again."""
+        kept = self._parts
+        for part in parts:
+            toks = kept.get(part)
             if toks is None:
                 toks = tuple(self._encode(part))
-                parts.put(part, toks, ENTRY_BYTES + 2 * len(part) + TOKEN_BYTES * len(toks))
+                kept.put(part, toks, ENTRY_BYTES + 2 * len(part) + TOKEN_BYTES * len(toks))
             out += toks
 
     def render_message(
@@ -84,19 +80,42 @@ class Renderer:
     ) -> None:
         """Append one message's tokens to ``out``."""
         author = message.author
-        recipient = message.recipient
-        # A message's header (``<|start|>`` to ``<|message|>``) is one of few per dataset.
-        key = (author.role, author.name, recipient, message.channel, message.content_type)
+        role, recipient = author.role, message.recipient
+        out += self.header(role, author.name, recipient, message.channel, message.content_type)
+        for content in message.content:
+            self._render_content(content, role, has_function_tools, out)
+        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+
+    def render_text(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
+                    content_type: str | None, text: str, out: list[int]) -> None:
+        """Append the tokens of a message of one text part, given as its fields: what
+        ``render_message`` appends for it, without building the message."""
+        out += self.header(role, name, recipient, channel, content_type)
+        out += self._encode(text)
+        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+
+    def render_developer(self, instructions: str | None, tools: list[str], text: str | None,
+                         out: list[int]) -> None:
+        """Append the tokens of a developer message given as its fields: a DeveloperContent of
+        ``instructions`` and a ``# Tools`` section in parts (``typescript.section_parts``), when
+        either is given, then a text part ``text``."""
+        out += self.header(Role.DEVELOPER, None, None, None, None)
+        if instructions is not None or tools:
+            self._encode_parts(developer_parts(instructions, tools), out)
+        if text is not None:
+            out += self._encode(text)
+        out.append(END)
+
+    def header(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
+               content_type: str | None) -> list[int]:
+        """A message's header, ``<|start|>`` to ``<|message|>`` (one of few per dataset: kept)."""
+        key = (role, name, recipient, channel, content_type)
         header = self._headers.get(key)
         if header is None:
             header = self._header(*key)
             if len(self._headers) < _PIECE_CACHE_LIMIT:
                 self._headers[key] = header
-        out += header
-        role = author.role
-        for content in message.content:
-            self._render_content(content, role, has_function_tools, out)
-        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+        return header
 
     def _header(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
                 content_type: str | None) -> list[int]:
@@ -136,14 +155,15 @@ class Renderer:
                 raise HarmonyError(
                     f"SystemContent may only appear in system messages, found in {_ROLE_DEBUG[role]}"
                 )
-            self._encode_sections(system_text(content, has_function_tools), out)
+            self._encode_parts(system_parts(content, has_function_tools), out)
         elif isinstance(content, DeveloperContent):
             if role is not Role.DEVELOPER:
                 raise HarmonyError(
                     "DeveloperContent may only appear in developer messages, "
                     f"found in {_ROLE_DEBUG[role]}"
                 )
-            self._encode_sections(developer_text(content), out)
+            tools = tools_section_parts(content.tools) if content.tools else []
+            self._encode_parts(developer_parts(content.instructions, tools), out)
         else:
             raise HarmonyError(f"cannot render content of type {type(content).__name__}")
 
@@ -207,11 +227,12 @@ def analysis_drop_boundary(
     return drop_boundary([m.author.role for m in messages], [m.channel for m in messages])
 
 
-def drop_boundary(roles: Sequence[Role], channels: Sequence[str | None]) -> int:
-    """``analysis_drop_boundary`` of a conversation given as its messages' roles and channels."""
+def drop_boundary(roles: Sequence[str], channels: Sequence[str | None]) -> int:
+    """``analysis_drop_boundary`` of a conversation given as its messages' roles (``Role`` or
+    its value) and channels."""
     last_is_final = False
     for role, channel in zip(reversed(roles), reversed(channels), strict=True):
-        if role is Role.ASSISTANT:
+        if role == "assistant":
             last_is_final = channel == "final"
             break
     if not last_is_final:
@@ -224,7 +245,12 @@ def drop_boundary(roles: Sequence[Role], channels: Sequence[str | None]) -> int:
 
 def system_text(sys: SystemContent, has_function_tools: bool) -> str:
     """The text of a system message's content."""
-    sections: list[str] = []
+    return "".join(system_parts(sys, has_function_tools))
+
+
+def system_parts(sys: SystemContent, has_function_tools: bool) -> list[str]:
+    """``system_text`` in the parts it is encoded by (see ``_joined``)."""
+    sections: list[list[str]] = []
     top: list[str] = []
     if sys.model_identity is not None:
         top.append(sys.model_identity)
@@ -233,11 +259,11 @@ def system_text(sys: SystemContent, has_function_tools: bool) -> str:
     if sys.conversation_start_date is not None:
         top.append(f"Current date: {sys.conversation_start_date}")
     if top:
-        sections.append("\n".join(top))
+        sections.append(["\n".join(top)])
     if sys.reasoning_effort is not None:
-        sections.append(f"Reasoning: {_EFFORT[sys.reasoning_effort.value]}")
+        sections.append([f"Reasoning: {_EFFORT[sys.reasoning_effort.value]}"])
     if sys.tools:
-        sections.append(tools_section(sys.tools))
+        sections.append(tools_section_parts(sys.tools))
     cc = sys.channel_config
     if cc is not None and cc.valid_channels:
         header = f"# Valid channels: {', '.join(cc.valid_channels)}."
@@ -245,16 +271,37 @@ def system_text(sys: SystemContent, has_function_tools: bool) -> str:
             header += " Channel must be included for every message."
         if has_function_tools:
             header += "\n" + _FUNCTIONS_ROUTING
-        sections.append(header)
-    return "\n\n".join(sections)
+        sections.append([header])
+    return _joined(sections)
 
 
 def developer_text(dev: DeveloperContent) -> str:
     """The text of a developer message's content."""
-    sections: list[str] = []
-    if dev.instructions is not None:
-        sections.append("# Instructions")
-        sections.append(dev.instructions)
-    if dev.tools:
-        sections.append(tools_section(dev.tools))
-    return "\n\n".join(sections)
+    return "".join(developer_parts(dev.instructions, tools_section_parts(dev.tools) if dev.tools else []))
+
+
+def developer_parts(instructions: str | None, tools: list[str]) -> list[str]:
+    """The text of a developer message's content in the parts it is encoded by (see
+    ``_joined``): its instructions, then its ``# Tools`` section given in parts (or none)."""
+    sections: list[list[str]] = []
+    if instructions is not None:
+        sections.append(["# Instructions\n\n" + instructions])
+    if tools:
+        sections.append(tools)
+    return _joined(sections)
+
+
+def _joined(sections: list[list[str]]) -> list[str]:
+    """Sections, each in parts, joined by a blank line: cut after it where the next section
+    starts with ``#`` (a safe cut), else one part."""
+    parts: list[str] = []
+    for section in sections:
+        if not parts:
+            parts += section
+        elif section[0].startswith("#"):
+            parts[-1] += "\n\n"
+            parts += section
+        else:
+            parts[-1] += "\n\n" + section[0]
+            parts += section[1:]
+    return parts

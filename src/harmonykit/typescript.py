@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .cache import PartsCache
@@ -283,39 +285,83 @@ def rust_lines(text: str) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class ToolText:
+    """One tool as a ``namespace`` block shows it: its ``lines`` (description, then type), and
+    the same text as the part its tokens are kept by, after the block's first line (``first``)
+    or after another tool (``later``); see ``namespace_parts``."""
+
+    lines: tuple[str, ...]
+    first: str
+    later: str
+
+
 #: Tools as TypeScript, by definition: a tool set that is new only in some of its tools
 #: pays for those.
-TOOL_CACHE: PartsCache[list[str]] = PartsCache(size=4096)
+TOOL_CACHE: PartsCache[ToolText] = PartsCache(size=4096)
 
 
-def tool_lines(name: str, description: str, parameters: dict[str, Any] | None) -> list[str]:
-    """One tool's lines in a ``namespace`` block: its description, then its type."""
+def tool_text(name: str, description: str, parameters: dict[str, Any] | None) -> ToolText:
+    """One tool in a ``namespace`` block (cached by its definition).
 
-    def build() -> list[str]:
-        out = [f"// {line}" for line in rust_lines(description)]
+    >>> tool_text("f", "Says hi.", None).lines
+    ('// Says hi.', 'type f = () => any;\\n')
+    """
+
+    def build() -> ToolText:
+        lines = [f"// {line}" for line in rust_lines(description)]
         if parameters is not None:
-            out.append(f"type {name} = (_: {schema_to_typescript(parameters, '')}) => any;\n")
+            lines.append(f"type {name} = (_: {schema_to_typescript(parameters, '')}) => any;\n")
         else:
-            out.append(f"type {name} = () => any;\n")
-        return out
+            lines.append(f"type {name} = () => any;\n")
+        body = "\n".join(lines)[: -len(_TYPE_END)]
+        return ToolText(tuple(lines), " {\n\n" + body, _TYPE_END + "\n" + body)
 
     return TOOL_CACHE.get((name, description, parameters), build)
 
 
+# Every tool's type ends so; the namespace's parts are cut before its ``;``.
+_TYPE_END = ";\n"
+
+
+def namespace_parts(name: str, description: str | None, tools: Sequence[ToolText]) -> list[str]:
+    """A namespace's section (``## name`` on), in parts that encode as the whole does
+    (``render.py`` says why each cut is safe): so a new tool set costs only its new tools.
+
+    >>> "".join(namespace_parts("functions", None, [tool_text("f", "", None)]))
+    '## functions\\n\\nnamespace functions {\\n\\ntype f = () => any;\\n\\n} // namespace functions'
+    """
+    lines = [f"## {name}\n"]
+    if description is not None:
+        lines += [f"// {line}" if tools else line for line in rust_lines(description)]
+    if not tools:
+        return ["\n".join(lines)]
+    lines.append(f"namespace {name}")
+    parts = ["\n".join(lines), tools[0].first, *(t.later for t in tools[1:]),
+             f"{_TYPE_END}\n}} // namespace {name}"]
+    if not (name[-1:].isascii() and name[-1:].isalnum()):
+        parts[:2] = [parts[0] + parts[1]]  # the cut before " {" is safe after a letter or digit only
+    return parts
+
+
+def tools_section_parts(namespaces: dict[str, Any]) -> list[str]:
+    """The ``# Tools`` section for a map of namespace name -> ToolNamespaceConfig, in parts
+    (``namespace_parts``)."""
+    # The reference keeps namespaces in a BTreeMap: sorted by key.
+    return section_parts([namespace_parts(ns.name, ns.description,
+                                          [tool_text(t.name, t.description, t.parameters) for t in ns.tools])
+                          for ns in (namespaces[key] for key in sorted(namespaces))])
+
+
+def section_parts(namespaces: Sequence[list[str]]) -> list[str]:
+    """The ``# Tools`` section of namespaces given in parts (``namespace_parts``), in parts."""
+    parts = ["# Tools"]
+    for first, *rest in namespaces:
+        parts[-1] += "\n\n" + first
+        parts += rest
+    return parts
+
+
 def tools_section(namespaces: dict[str, Any]) -> str:
     """The ``# Tools`` section for a map of namespace name -> ToolNamespaceConfig."""
-    sections = ["# Tools"]
-    # The reference keeps namespaces in a BTreeMap: sorted by key.
-    for key in sorted(namespaces):
-        ns = namespaces[key]
-        part = [f"## {ns.name}\n"]
-        if ns.description is not None:
-            for line in rust_lines(ns.description):
-                part.append(f"// {line}" if ns.tools else line)
-        if ns.tools:
-            part.append(f"namespace {ns.name} {{\n")
-            for tool in ns.tools:
-                part += tool_lines(tool.name, tool.description, tool.parameters)
-            part.append(f"}} // namespace {ns.name}")
-        sections.append("\n".join(part))
-    return "\n\n".join(sections)
+    return "".join(tools_section_parts(namespaces))

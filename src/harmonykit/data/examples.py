@@ -17,7 +17,7 @@ from ..encoding import HarmonyEncoding
 from ..model import Role
 from ..openai.errors import RequestError
 from ..openai.request import Request, api_of, read_chat_request, read_responses_request
-from ..render import analysis_drop_boundary
+from ..render import drop_boundary
 from ..tokens import END, RETURN
 
 IGNORE = -100  # the label of a token that carries no loss
@@ -62,31 +62,29 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
     if cot not in COT:
         raise ValueError(f"cot must be one of {', '.join(COT)}, got {cot!r}")
     read = _read(encoding, record)
-    head = read.head
-    messages = [*head.messages, *read.messages]
-    first = len(head.messages)
-    users = [i for i in range(first, len(messages)) if messages[i].author.role is Role.USER]
-    last_user = users[-1] if users else -1
-    turn = last_user + 1
-    if not any(m.author.role is Role.ASSISTANT for m in messages[turn:]):
+    roles, channels = read.roles(), read.channels()
+    # The turn trained: the messages after the last user message.
+    turn = len(roles) - roles[::-1].index("user") if "user" in roles else 0
+    if "assistant" not in roles[turn:]:
         raise RequestError("messages" if "messages" in record else "input",
                            "the record has no assistant answer after its last user message to train on")
-    # The chain-of-thought rule over the history only (inference) or the whole record (reference).
-    drop = analysis_drop_boundary(messages[:turn] if cot == "inference" else messages, None)
-    tokens = list(head.tokens)
+    # The chain-of-thought rule over the history only (inference) or the whole record
+    # (reference); the head (system, developer) takes no part in it.
+    ruled = turn if cot == "inference" else len(roles)
+    drop = drop_boundary(roles[:ruled], channels[:ruled])
+    tokens = list(read.head.tokens)
     trained_spans: list[tuple[int, int, bool]] = []  # assistant tokens: (begin, end, trained)
-    last = len(messages) - 1
+    last = len(roles) - 1
     previous_assistant = False
-    for i in range(first, len(messages)):
-        m = messages[i]
-        if m.channel == "analysis" and i < drop:
+    for i, (role, channel) in enumerate(zip(roles, channels, strict=True)):
+        if channel == "analysis" and i < drop:
             continue
         start = len(tokens)
-        tokens += read.tokens_of(i - first)
-        assistant = m.author.role is Role.ASSISTANT
+        tokens += read.tokens_of(i)
+        assistant = role == "assistant"
         if assistant:
             generated = i >= turn if cot == "inference" else i == last
-            if m.channel == "final" and tokens[-1] == END and generated:
+            if channel == "final" and tokens[-1] == END and generated:
                 tokens[-1] = RETURN  # generation ends there
             # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
             begin = start if previous_assistant else start + 2

@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from ..cache import ENTRY_BYTES, LRU, TOKEN_BYTES, PartsCache, compact_key, parts_key
 from ..encoding import HarmonyEncoding
@@ -25,12 +25,12 @@ from ..model import (
     SystemContent,
     TextContent,
     ToolDescription,
-    message_text,
     text_author,
     text_message,
 )
 from ..render import drop_boundary
 from ..tokens import CALL, RETURN, START
+from ..typescript import ToolText, namespace_parts, section_parts, tool_text
 from .errors import RequestError, shown
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
@@ -102,17 +102,19 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
     return "".join(out)
 
 
+# A function tool as the prompt declares it, and its TypeScript.
+_Tool = tuple[ToolDescription, ToolText]
 #: Tool definitions read before (checked, named): a new tool set pays only for its new tools.
-TOOL_SPECS: PartsCache[ToolDescription] = PartsCache(size=4096)
+TOOL_SPECS: PartsCache[_Tool] = PartsCache(size=4096)
 
 
-def _tool(spec: Any, param: str, nested: bool) -> ToolDescription:
+def _tool(spec: Any, param: str, nested: bool) -> _Tool:
     """A function tool, rendered under its identifier. Chat nests it under "function",
     Responses does not; either API accepts either shape."""
     return TOOL_SPECS.get((nested, spec), lambda: _read_tool(spec, param, nested))
 
 
-def _read_tool(spec: Any, param: str, nested: bool) -> ToolDescription:
+def _read_tool(spec: Any, param: str, nested: bool) -> _Tool:
     if not isinstance(spec, dict) or spec.get("type", "function") != "function":
         kind = spec.get("type") if isinstance(spec, dict) else type(spec).__name__
         raise RequestError(param, f"only function tools are supported, got {shown(kind)}")
@@ -132,10 +134,12 @@ def _read_tool(spec: Any, param: str, nested: bool) -> ToolDescription:
     parameters = fn.get("parameters")
     if parameters is not None:
         check_schema(parameters, f"{where}.parameters")
-    return ToolDescription.new(identifier(name), description, parameters)
+    rendered = identifier(name)
+    return (ToolDescription.new(rendered, description, parameters),
+            tool_text(rendered, description, parameters))
 
 
-def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[ToolDescription], ToolNames]:
+def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[_Tool], ToolNames]:
     """The tools to render (none for ``tool_choice: "none"``) and the declared names."""
     if tools is None:
         tools = []
@@ -257,10 +261,6 @@ def _finite(source: dict[str, Any]) -> bool:
     return True
 
 
-def _kept(m: Message) -> _Kept:
-    return (m.author.role.value, m.author.name, m.channel, m.recipient, m.content_type, message_text(m))
-
-
 class _Builder:
     """Collects a request's messages into a Harmony conversation, each with its tokens."""
 
@@ -269,16 +269,18 @@ class _Builder:
         self.api = api
         self.cache = MESSAGE_CACHE if cache else None
         self.instructions: list[str] = []
-        self.items: list[Message | _Kept] = []  # a message, or one from the cache as plain values
+        self.items: list[_Kept] = []  # each message as plain values (built as a Message when asked)
         self.tokens: list[int] = []  # every message's, one after another
         self.spans: list[tuple[int, int]] = []  # where each message's are
         self.call_names: dict[str, str] = {}
         self._calls: list[tuple[str, str]] = []
 
-    def add(self, message: Message) -> None:
-        self.items.append(message)
+    def add(self, role: Role, text: str, *, name: str | None = None, channel: str | None = None,
+            recipient: str | None = None, content_type: str | None = None) -> None:
+        self.items.append((role.value, name, channel, recipient, content_type, text))
         start = len(self.tokens)
-        self.encoding.render_append(message, self.tokens)
+        self.encoding.render_text_append(role, text, self.tokens, name=name, channel=channel,
+                                         recipient=recipient, content_type=content_type)
         self.spans.append((start, len(self.tokens)))
 
     def cached(self, source: dict[str, Any], context: Any, build: Callable[..., None],
@@ -305,8 +307,7 @@ class _Builder:
         first, calls = len(self.items), len(self._calls)
         build(self, *args)
         if cache is not None and key is not None and data is not None:
-            built = cast(list[Message], self.items[first:])  # build() adds Message objects only
-            kept = tuple(_kept(m) for m in built)
+            kept = tuple(self.items[first:])
             tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
             data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
             entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
@@ -317,17 +318,17 @@ class _Builder:
 
     def assistant(self, reasoning: str, content: str, calls: Sequence[tuple[str, str, str]]) -> None:
         if reasoning:
-            self.add(_message(Role.ASSISTANT, reasoning, channel="analysis"))
+            self.add(Role.ASSISTANT, reasoning, channel="analysis")
         if content:
             # Text next to tool calls is a preamble (commentary); alone it is the answer.
             channel = "commentary" if calls else "final"
-            self.add(_message(Role.ASSISTANT, content, channel=channel))
+            self.add(Role.ASSISTANT, content, channel=channel)
         for call_id, name, arguments in calls:
             rendered = identifier(name)  # as the prompt declared it
             self.call_names[call_id] = rendered
             self._calls.append((call_id, rendered))
-            self.add(_message(Role.ASSISTANT, arguments, channel="commentary",
-                              recipient=f"functions.{rendered}", content_type="<|constrain|>json"))
+            self.add(Role.ASSISTANT, arguments, channel="commentary", recipient=f"functions.{rendered}",
+                     content_type="<|constrain|>json")
 
     def builtin_call(self, item: dict[str, Any], param: str) -> None:
         """A built-in tool call the gateway emitted (``web_search_call``, ``code_interpreter_call``),
@@ -335,16 +336,14 @@ class _Builder:
         written = item.get("harmony")
         if isinstance(written, dict) and isinstance(written.get("recipient"), str) \
                 and isinstance(written.get("arguments"), str):
-            self.add(_message(
-                Role.ASSISTANT, written["arguments"], channel=_str_or_none(written.get("channel")),
-                recipient=written["recipient"], content_type=_str_or_none(written.get("content_type"))))
+            self.add(Role.ASSISTANT, written["arguments"], channel=_str_or_none(written.get("channel")),
+                     recipient=written["recipient"], content_type=_str_or_none(written.get("content_type")))
             return
         if item["type"] == "code_interpreter_call":
             code = item.get("code")
             if not isinstance(code, str):
                 raise RequestError(f"{param}.code", "a code_interpreter_call needs its code as a string")
-            self.add(_message(Role.ASSISTANT, code, channel="analysis", recipient="python",
-                              content_type="code"))
+            self.add(Role.ASSISTANT, code, channel="analysis", recipient="python", content_type="code")
             return
         action = item.get("action")
         kind = action.get("type") if isinstance(action, dict) else None
@@ -352,8 +351,8 @@ class _Builder:
         if args is None or not isinstance(action, dict):
             raise RequestError(f"{param}.action", f"unsupported web_search_call action {shown(kind)}")
         recipient, field, name = args
-        self.add(_message(Role.ASSISTANT, json.dumps({name: action.get(field)}),
-                          channel="analysis", recipient=recipient, content_type="code"))
+        self.add(Role.ASSISTANT, json.dumps({name: action.get(field)}), channel="analysis",
+                 recipient=recipient, content_type="code")
 
     def call_name(self, call_id: Any, param: str) -> str:
         """The tool an earlier assistant call with this id called (as the prompt names it)."""
@@ -363,22 +362,62 @@ class _Builder:
         return name
 
     def tool_result(self, name: str, output: str) -> None:
-        self.add(_message(Role.TOOL, output, name=f"functions.{name}", channel="commentary",
-                          recipient="assistant"))
+        self.add(Role.TOOL, output, name=f"functions.{name}", channel="commentary", recipient="assistant")
+
+
+@dataclass(frozen=True)
+class Developer:
+    """What a request's developer message says: its instructions, function tools (each with
+    its TypeScript) and response format section; rendered without building the message."""
+
+    instructions: str | None
+    tools: tuple[ToolDescription, ...]
+    texts: tuple[ToolText, ...]
+    response_format: str | None
+
+    def message(self) -> Message:
+        dev = DeveloperContent.new()
+        if self.instructions is not None:
+            dev = dev.with_instructions(self.instructions)
+        if self.tools:
+            dev = dev.with_function_tools(self.tools)
+        parts: list[Any] = []
+        if self.instructions is not None or self.tools:
+            parts.append(dev)
+        if self.response_format:
+            parts.append(TextContent(text=self._format_text()))
+        return Message.from_role_and_contents(Role.DEVELOPER, parts)
+
+    def render(self, encoding: HarmonyEncoding, out: list[int]) -> None:
+        """Append the tokens ``encoding.render(self.message())`` gives."""
+        tools = section_parts([namespace_parts("functions", None, self.texts)]) if self.texts else []
+        encoding.render_developer_append(self.instructions, tools,
+                                         self._format_text() if self.response_format else None, out)
+
+    def _format_text(self) -> str:
+        assert self.response_format
+        return ("\n\n" if self.instructions is not None or self.tools else "") + self.response_format
 
 
 @dataclass(frozen=True)
 class Head:
-    """A rendered request head (system and developer message): its messages, their tokens,
-    the declared names. Cached by the request fields it was built from (``HEAD_CACHE``), so an
-    agent loop re-sending the same request pays only for its new messages; its system message
-    (the same for nearly every request) is cached on its own (``SYSTEM_CACHE``), and its tools
-    one by one (``TOOL_SPECS``, ``typescript.TOOL_CACHE``)."""
+    """A rendered request head (system and developer message): its tokens and the declared
+    names; its messages built when first read. Cached by the request fields it was built from
+    (``HEAD_CACHE``), so an agent loop re-sending the same request pays only for its new
+    messages; its system message (the same for nearly every request) is cached on its own
+    (``SYSTEM_CACHE``), and its tools one by one (``TOOL_SPECS``), each with its tokens."""
 
-    messages: tuple[Message, ...]
     tokens: tuple[int, ...]
     names: ToolNames
     has_tools: bool
+    system: Message
+    developer: Developer | None
+
+    @functools.cached_property
+    def messages(self) -> tuple[Message, ...]:
+        if self.developer is None:
+            return (self.system,)
+        return (self.system, self.developer.message())
 
 
 # Second sight: a dataset whose records each have their own head stores none of them.
@@ -399,34 +438,19 @@ def _system(encoding: HarmonyEncoding, effort: ReasoningEffort,
     return found
 
 
-def _developer(instructions: list[str], tools: list[ToolDescription],
-               response_format: str | None) -> Message | None:
-    """The developer message, when there is anything to say."""
-    dev = DeveloperContent.new()
-    if instructions:
-        dev = dev.with_instructions("\n\n".join(instructions))
-    if tools:
-        dev = dev.with_function_tools(tools)
-    parts: list[Any] = []
-    if instructions or tools:
-        parts.append(dev)
-    if response_format:
-        parts.append(TextContent(text=("\n\n" if parts else "") + response_format))
-    return Message.from_role_and_contents(Role.DEVELOPER, parts) if parts else None
-
-
 def _head(encoding: HarmonyEncoding, parts: tuple[Any, ...], effort: ReasoningEffort,
-          instructions: list[str],
-          build: Callable[[], tuple[list[ToolDescription], str | None, ToolNames]]) -> Head:
+          instructions: list[str], build: Callable[[], tuple[list[_Tool], str | None, ToolNames]]) -> Head:
     def make() -> Head:
         tools, response_format, names = build()
-        developer = _developer(instructions, tools, response_format)
         has_tools = bool(tools)
         system, tokens = _system(encoding, effort, has_tools)
-        if developer is None:
-            return Head((system,), tokens, names, has_tools)
-        tokens += tuple(encoding.render(developer, _OPTIONS[has_tools]))
-        return Head((system, developer), tokens, names, has_tools)
+        if not (instructions or tools or response_format):
+            return Head(tokens, names, has_tools, system, None)
+        developer = Developer("\n\n".join(instructions) if instructions else None,
+                              tuple(t[0] for t in tools), tuple(t[1] for t in tools), response_format)
+        out = list(tokens)
+        developer.render(encoding, out)
+        return Head(tuple(out), names, has_tools, system, developer)
 
     return HEAD_CACHE.get((id(encoding), *parts), make)
 
@@ -437,16 +461,23 @@ class Request:
     each one's tokens (the chain-of-thought rule not applied yet)."""
 
     head: Head
-    items: list[Message | _Kept]
+    items: list[_Kept]
     tokens: list[int]
     spans: list[tuple[int, int]]
 
     @functools.cached_property
     def messages(self) -> list[Message]:
         """The messages after the head (those from the cache built now)."""
-        return [m if isinstance(m, Message) else _message(_ROLES[m[0]], m[5], name=m[1], channel=m[2],
-                                                          recipient=m[3], content_type=m[4])
+        return [_message(_ROLES[m[0]], m[5], name=m[1], channel=m[2], recipient=m[3], content_type=m[4])
                 for m in self.items]
+
+    def roles(self) -> list[str]:
+        """The role of each message after the head (``"user"``, ``"assistant"``, ``"tool"``)."""
+        return [m[0] for m in self.items]
+
+    def channels(self) -> list[str | None]:
+        """The channel of each message after the head."""
+        return [m[2] for m in self.items]
 
     def tokens_of(self, i: int) -> list[int]:
         """The tokens of ``messages[i]``."""
@@ -457,27 +488,19 @@ class Request:
 def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
     head = read.head
     # As render_conversation_for_completion renders it: the chain-of-thought rule over the
-    # whole conversation, each message on its own.
-    roles = [m.author.role for m in head.messages] + [_role_of(m) for m in read.items]
-    channels = [m.channel for m in head.messages] + [_channel_of(m) for m in read.items]
-    drop = drop_boundary(roles, channels) - len(head.messages)
+    # whole conversation (the head, system and developer, takes no part in it), each message
+    # on its own.
+    channels = read.channels()
+    drop = drop_boundary(read.roles(), channels)
     tokens = list(head.tokens)
     if drop <= 0:
         tokens += read.tokens
     else:
         for i, (start, end) in enumerate(read.spans):
-            if i >= drop or channels[len(head.messages) + i] != "analysis":
+            if i >= drop or channels[i] != "analysis":
                 tokens += read.tokens[start:end]
     tokens += [START, *encoding.encode(Role.ASSISTANT.value)]
     return Prompt(tokens, tool_names=list(head.names.declared), names=head.names, request=read)
-
-
-def _role_of(m: Message | _Kept) -> Role:
-    return _ROLES[m[0]] if isinstance(m, tuple) else m.author.role
-
-
-def _channel_of(m: Message | _Kept) -> str | None:
-    return m[2] if isinstance(m, tuple) else m.channel
 
 
 def api_of(body: dict[str, Any]) -> str:
@@ -540,7 +563,7 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
     else:
         effort = ReasoningEffort.MEDIUM
 
-    def head() -> tuple[list[ToolDescription], str | None, ToolNames]:
+    def head() -> tuple[list[_Tool], str | None, ToolNames]:
         tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
         return tools, _format_from(request.get("response_format"), "response_format", nested=True), names
 
@@ -553,7 +576,7 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
 
 
 def _user(b: _Builder, item: dict[str, Any], param: str) -> None:
-    b.add(_message(Role.USER, _text(item.get("content"), f"{param}.content")))
+    b.add(Role.USER, _text(item.get("content"), f"{param}.content"))
 
 
 def _tool_result(b: _Builder, output: Any, param: str, name: str) -> None:
@@ -652,7 +675,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
     if text_cfg is not None and not isinstance(text_cfg, dict):
         raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
 
-    def head() -> tuple[list[ToolDescription], str | None, ToolNames]:
+    def head() -> tuple[list[_Tool], str | None, ToolNames]:
         tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
         return tools, _format_from((text_cfg or {}).get("format"), "text.format", nested=False), names
 
