@@ -90,7 +90,8 @@ class Renderer:
                     content_type: str | None, text: str, out: list[int]) -> None:
         """Append the tokens of a message of one text part, given as its fields: what
         ``render_message`` appends for it, without building the message."""
-        out += self.header(role, name, recipient, channel, content_type)
+        header = self._headers.get((role, name, recipient, channel, content_type))
+        out += header if header is not None else self.header(role, name, recipient, channel, content_type)
         out += self._encode(text)
         out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
 

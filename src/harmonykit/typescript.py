@@ -14,6 +14,7 @@ n?: number,
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -331,17 +332,25 @@ def namespace_parts(name: str, description: str | None, tools: Sequence[ToolText
     >>> "".join(namespace_parts("functions", None, [tool_text("f", "", None)]))
     '## functions\\n\\nnamespace functions {\\n\\ntype f = () => any;\\n\\n} // namespace functions'
     """
-    lines = [f"## {name}\n"]
-    if description is not None:
-        lines += [f"// {line}" if tools else line for line in rust_lines(description)]
+    head, end = _namespace_frame(name, description, bool(tools))
     if not tools:
-        return ["\n".join(lines)]
-    lines.append(f"namespace {name}")
-    parts = ["\n".join(lines), tools[0].first, *(t.later for t in tools[1:]),
-             f"{_TYPE_END}\n}} // namespace {name}"]
+        return [head]
+    parts = [head, tools[0].first, *(t.later for t in tools[1:]), end]
     if not (name[-1:].isascii() and name[-1:].isalnum()):
         parts[:2] = [parts[0] + parts[1]]  # the cut before " {" is safe after a letter or digit only
     return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _namespace_frame(name: str, description: str | None, has_tools: bool) -> tuple[str, str]:
+    """A namespace section's text before its first tool (or the whole, without tools), and
+    after its last."""
+    lines = [f"## {name}\n"]
+    if description is not None:
+        lines += [f"// {line}" if has_tools else line for line in rust_lines(description)]
+    if has_tools:
+        lines.append(f"namespace {name}")
+    return "\n".join(lines), f"{_TYPE_END}\n}} // namespace {name}"
 
 
 def tools_section_parts(namespaces: dict[str, Any]) -> list[str]:

@@ -71,30 +71,34 @@ def render_example(encoding: HarmonyEncoding, record: dict[str, Any], *, train_o
     # The chain-of-thought rule over the history only (inference) or the whole record
     # (reference); the head (system, developer) takes no part in it.
     ruled = turn if cot == "inference" else len(roles)
-    drop = drop_boundary(roles[:ruled], channels[:ruled])
-    tokens = list(read.head.tokens)
-    trained_spans: list[tuple[int, int, bool]] = []  # assistant tokens: (begin, end, trained)
-    last = len(roles) - 1
-    previous_assistant = False
-    for i, (role, channel) in enumerate(zip(roles, channels, strict=True)):
-        if channel == "analysis" and i < drop:
+    drop = drop_boundary(roles[:ruled], channels[:ruled]) if "final" in channels[:ruled] else 0
+    head, flat, spans = read.head.tokens, read.tokens, read.spans
+    if "analysis" in channels[:drop]:  # the tokens of the messages kept, and where each starts
+        kept: Sequence[int] = [i for i in range(len(roles)) if i >= drop or channels[i] != "analysis"]
+        tokens, at = list(head), []
+        for i in kept:
+            start, end = spans[i]
+            at.append(len(tokens))
+            tokens += flat[start:end]
+    else:
+        kept, tokens = range(len(roles)), [*head, *flat]
+        at = [len(head) + start for start, _ in spans]
+    labels, mask = [IGNORE] * len(tokens), [0] * len(tokens)
+    last, previous = len(roles) - 1, -2
+    for k, i in enumerate(kept):
+        if roles[i] != "assistant":
             continue
-        start = len(tokens)
-        tokens += read.tokens_of(i)
-        assistant = role == "assistant"
-        if assistant:
-            generated = i >= turn if cot == "inference" else i == last
-            if channel == "final" and tokens[-1] == END and generated:
-                tokens[-1] = RETURN  # generation ends there
-            # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
-            begin = start if previous_assistant else start + 2
-            trained_spans.append((begin, len(tokens), train_on == "all_assistant" or i >= turn))
-        previous_assistant = assistant
-    labels = [IGNORE] * len(tokens)
-    mask = [0] * len(tokens)
-    for begin, end, trained in trained_spans:
+        start, end = spans[i]
+        begin, end = at[k], at[k] + end - start
+        if channels[i] == "final" and (i >= turn if cot == "inference" else i == last) \
+                and tokens[end - 1] == END:
+            tokens[end - 1] = RETURN  # generation ends there
+        # <|start|>assistant is the prompt's where the turn opens, the model's after its own message
+        if previous != k - 1:
+            begin += 2
+        previous = k
         mask[begin:end] = [1] * (end - begin)
-        if trained:
+        if train_on == "all_assistant" or i >= turn:
             labels[begin:end] = tokens[begin:end]
     return {"input_ids": tokens, "labels": labels, "assistant_mask": mask}
 

@@ -50,7 +50,6 @@ class ToolNames:
     declared: tuple[str, ...] = ()
     rendered: tuple[str, ...] = ()
     _exact: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    _loose: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, declared: Iterable[str], param: str = "tools", *, strict: bool = True) -> ToolNames:
@@ -70,15 +69,10 @@ class ToolNames:
                                    f"function name {shown(name)} {what}; names must be unique")
             exact[ident] = name
             kept.append(name)
-        names = tuple(kept)
-        rendered = tuple(identifier(n) for n in names)
+        names, rendered = tuple(kept), tuple(exact)  # exact holds the identifiers, in order
         for name in names:
             exact.setdefault(name, name)
-        loose: dict[str, str | None] = {}
-        for name in names:
-            key = _loose(name)
-            loose[key] = name if loose.get(key, name) == name else None  # ambiguous: no match
-        return cls(names, rendered, exact, loose)
+        return cls(names, rendered, exact)
 
     def __bool__(self) -> bool:
         return bool(self.declared)
@@ -93,8 +87,17 @@ class ToolNames:
         bare = recipient[len(FUNCTIONS) :] if recipient.startswith(FUNCTIONS) else recipient
         hit = self._exact.get(bare)
         if hit is None and bare:
-            hit = self._loose.get(_loose(bare))
+            hit = self._loose_names.get(_loose(bare))
         return hit
+
+    @functools.cached_property
+    def _loose_names(self) -> dict[str, str | None]:
+        # Built when a recipient is not a name as declared: most requests never need it.
+        loose: dict[str, str | None] = {}
+        for name in self.declared:
+            key = _loose(name)
+            loose[key] = name if loose.get(key, name) == name else None  # ambiguous: no match
+        return loose
 
 
 def declared_names(request: dict[str, Any] | None) -> ToolNames:

@@ -102,16 +102,26 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
     return "".join(out)
 
 
-# A function tool as the prompt declares it, and its TypeScript.
-_Tool = tuple[ToolDescription, ToolText]
+class _Tool:
+    """One client tool definition, read and checked: its declared name, the tool as the
+    developer message declares it (under its identifier), and its TypeScript. Compared by
+    identity: a request head is keyed by the very entries ``TOOL_SPECS`` gave it, and holds
+    them (so no other entry takes an identity while a key holds it)."""
+
+    __slots__ = ("declared", "description", "text")
+
+    def __init__(self, declared: str, description: ToolDescription, text: ToolText) -> None:
+        self.declared, self.description, self.text = declared, description, text
+
+
 #: Tool definitions read before (checked, named): a new tool set pays only for its new tools.
 TOOL_SPECS: PartsCache[_Tool] = PartsCache(size=4096)
 
 
-def _tool(spec: Any, param: str, nested: bool) -> _Tool:
+def _tool(spec: Any, i: int, nested: bool) -> _Tool:
     """A function tool, rendered under its identifier. Chat nests it under "function",
     Responses does not; either API accepts either shape."""
-    return TOOL_SPECS.get((nested, spec), lambda: _read_tool(spec, param, nested))
+    return TOOL_SPECS.get((nested, spec), lambda: _read_tool(spec, f"tools[{i}]", nested))
 
 
 def _read_tool(spec: Any, param: str, nested: bool) -> _Tool:
@@ -135,19 +145,19 @@ def _read_tool(spec: Any, param: str, nested: bool) -> _Tool:
     if parameters is not None:
         check_schema(parameters, f"{where}.parameters")
     rendered = identifier(name)
-    return (ToolDescription.new(rendered, description, parameters),
-            tool_text(rendered, description, parameters))
+    return _Tool(name, ToolDescription.new(rendered, description, parameters),
+                 tool_text(rendered, description, parameters))
 
 
-def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[_Tool], ToolNames]:
-    """The tools to render (none for ``tool_choice: "none"``) and the declared names."""
+def _read_tools(tools: Any, nested: bool) -> tuple[_Tool, ...]:
     if tools is None:
-        tools = []
+        return ()
     if not isinstance(tools, list):
         raise RequestError("tools", "tools must be a list")
-    declared = [_declared_name(t) for t in tools]
-    names = ToolNames.of(declared)  # two names that render alike are an error
-    described = [_tool(t, f"tools[{i}]", nested) for i, t in enumerate(tools)]
+    return tuple([_tool(t, i, nested) for i, t in enumerate(tools)])
+
+
+def _check_tool_choice(tool_choice: Any, names: ToolNames) -> None:
     if isinstance(tool_choice, dict):
         fn = tool_choice.get("function", tool_choice) if "function" in tool_choice else tool_choice
         param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
@@ -167,13 +177,6 @@ def _tools(tools: Any, tool_choice: Any, nested: bool) -> tuple[list[_Tool], Too
                                           "required, none or a named function")
     elif tool_choice == "required" and not names:
         raise RequestError("tool_choice", "tool_choice 'required' needs tools")
-    return ([] if tool_choice == "none" else described), names
-
-
-def _declared_name(spec: Any) -> str:
-    fn = spec.get("function") if isinstance(spec, dict) and "function" in spec else spec
-    name = fn.get("name") if isinstance(fn, dict) else None
-    return name if isinstance(name, str) else ""
 
 
 def _response_format_section(name: Any, description: Any, schema: Any, param: str) -> str:
@@ -241,6 +244,7 @@ MESSAGE_CACHE_BYTES = 64 << 20
 # role by its value (an Enum member would keep the tuple in the collector's sight).
 _Kept = tuple[str, "str | None", "str | None", "str | None", "str | None", str]
 _ROLES = {role.value: role for role in Role}
+_VALUES = {role: role.value for role in Role}  # (an Enum's .value is slow to read)
 # What one client message became: its serialization (to check a hit), whether that holds a
 # null (which a NaN serializes as too), its messages, their tokens, the calls it made. Only
 # tuples, bytes and strings: the garbage collector stops walking them after one look, so a
@@ -266,6 +270,7 @@ class _Builder:
 
     def __init__(self, encoding: HarmonyEncoding, api: str, cache: bool) -> None:
         self.encoding = encoding
+        self._render = encoding.render_text_append
         self.api = api
         self.cache = MESSAGE_CACHE if cache else None
         self.instructions: list[str] = []
@@ -277,11 +282,12 @@ class _Builder:
 
     def add(self, role: Role, text: str, *, name: str | None = None, channel: str | None = None,
             recipient: str | None = None, content_type: str | None = None) -> None:
-        self.items.append((role.value, name, channel, recipient, content_type, text))
-        start = len(self.tokens)
-        self.encoding.render_text_append(role, text, self.tokens, name=name, channel=channel,
-                                         recipient=recipient, content_type=content_type)
-        self.spans.append((start, len(self.tokens)))
+        self.items.append((_VALUES[role], name, channel, recipient, content_type, text))
+        tokens = self.tokens
+        start = len(tokens)
+        self._render(role, text, tokens, name=name, channel=channel, recipient=recipient,
+                     content_type=content_type)
+        self.spans.append((start, len(tokens)))
 
     def cached(self, source: dict[str, Any], context: Any, build: Callable[..., None],
                *args: Any) -> None:
@@ -365,7 +371,7 @@ class _Builder:
         self.add(Role.TOOL, output, name=f"functions.{name}", channel="commentary", recipient="assistant")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Developer:
     """What a request's developer message says: its instructions, function tools (each with
     its TypeScript) and response format section; rendered without building the message."""
@@ -399,7 +405,9 @@ class Developer:
         return ("\n\n" if self.instructions is not None or self.tools else "") + self.response_format
 
 
-@dataclass(frozen=True)
+# Not frozen (never changed after it is made, though): a frozen dataclass takes ~1 µs longer
+# to build, and a dataset builds one a record.
+@dataclass
 class Head:
     """A rendered request head (system and developer message): its tokens and the declared
     names; its messages built when first read. Cached by the request fields it was built from
@@ -420,11 +428,14 @@ class Head:
         return (self.system, self.developer.message())
 
 
-# Second sight: a dataset whose records each have their own head stores none of them.
-HEAD_CACHE: PartsCache[Head] = PartsCache(second_sight=True)
+#: Request heads by all they are made of: the encoding, API, effort, instructions, tool_choice
+#: and response format (serialized; checked equal on a hit), and the tools as ``TOOL_SPECS``
+#: read them. Second sight: a dataset whose records each have their own head stores none.
+HEAD_CACHE: LRU[tuple[Any, ...], tuple[tuple[Any, Any], Head]] = LRU(256, second_sight=True)
 # By (encoding, effort, whether tools are declared): a handful of entries.
 SYSTEM_CACHE: dict[tuple[int, ReasoningEffort, bool], tuple[Message, tuple[int, ...]]] = {}
 _OPTIONS = {has: RenderOptions(conversation_has_function_tools=has) for has in (False, True)}
+_FORMAT_PARAM = {"chat": "response_format", "responses": "text.format"}
 
 
 def _system(encoding: HarmonyEncoding, effort: ReasoningEffort,
@@ -438,24 +449,40 @@ def _system(encoding: HarmonyEncoding, effort: ReasoningEffort,
     return found
 
 
-def _head(encoding: HarmonyEncoding, parts: tuple[Any, ...], effort: ReasoningEffort,
-          instructions: list[str], build: Callable[[], tuple[list[_Tool], str | None, ToolNames]]) -> Head:
-    def make() -> Head:
-        tools, response_format, names = build()
-        has_tools = bool(tools)
-        system, tokens = _system(encoding, effort, has_tools)
-        if not (instructions or tools or response_format):
-            return Head(tokens, names, has_tools, system, None)
+def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instructions: list[str],
+          tools: Any, tool_choice: Any, fmt: Any) -> Head:
+    """The request's head: the system message, and the developer message with its instructions,
+    tools (``tool_choice: "none"`` shows none) and response format (``fmt``)."""
+    nested = api == "chat"  # where a tool and a response format keep their fields
+    entries = _read_tools(tools, nested)
+    extras = (tool_choice, fmt)
+    data = b"" if extras == (None, None) else parts_key(extras)  # None: not JSON, not kept
+    key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),
+                                     entries)
+    if key is not None:
+        found = HEAD_CACHE.get(key)
+        if found is not None and found[0] == extras:
+            return found[1]
+    names = ToolNames.of([e.declared for e in entries])  # two names that render alike are an error
+    _check_tool_choice(tool_choice, names)
+    response_format = _format_from(fmt, _FORMAT_PARAM[api], nested)
+    listed = () if tool_choice == "none" else entries
+    system, tokens = _system(encoding, effort, bool(listed))
+    if not (instructions or listed or response_format):
+        head = Head(tokens, names, bool(listed), system, None)
+    else:
         developer = Developer("\n\n".join(instructions) if instructions else None,
-                              tuple(t[0] for t in tools), tuple(t[1] for t in tools), response_format)
+                              tuple([e.description for e in listed]), tuple([e.text for e in listed]),
+                              response_format)
         out = list(tokens)
         developer.render(encoding, out)
-        return Head(tuple(out), names, has_tools, system, developer)
+        head = Head(tuple(out), names, bool(listed), system, developer)
+    if key is not None:
+        HEAD_CACHE.put(key, (extras, head), 1)
+    return head
 
-    return HEAD_CACHE.get((id(encoding), *parts), make)
 
-
-@dataclass(frozen=True)
+@dataclass
 class Request:
     """A request read as Harmony: its (cached) rendered head, then the other messages and
     each one's tokens (the chain-of-thought rule not applied yet)."""
@@ -563,13 +590,9 @@ def read_chat_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
     else:
         effort = ReasoningEffort.MEDIUM
 
-    def head() -> tuple[list[_Tool], str | None, ToolNames]:
-        tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=True)
-        return tools, _format_from(request.get("response_format"), "response_format", nested=True), names
-
-    parts = ("chat", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
-             request.get("response_format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.items, b.tokens, b.spans)
+    head = _head(encoding, "chat", effort, b.instructions, request.get("tools"), request.get("tool_choice"),
+                 request.get("response_format"))
+    return Request(head, b.items, b.tokens, b.spans)
 
 
 # What one client message or input item becomes (``_Builder.cached`` runs them).
@@ -675,13 +698,9 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
     if text_cfg is not None and not isinstance(text_cfg, dict):
         raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
 
-    def head() -> tuple[list[_Tool], str | None, ToolNames]:
-        tools, names = _tools(request.get("tools"), request.get("tool_choice"), nested=False)
-        return tools, _format_from((text_cfg or {}).get("format"), "text.format", nested=False), names
-
-    parts = ("responses", effort.value, b.instructions, request.get("tools"), request.get("tool_choice"),
-             (text_cfg or {}).get("format"))
-    return Request(_head(encoding, parts, effort, b.instructions, head), b.items, b.tokens, b.spans)
+    head = _head(encoding, "responses", effort, b.instructions, request.get("tools"),
+                 request.get("tool_choice"), (text_cfg or {}).get("format"))
+    return Request(head, b.items, b.tokens, b.spans)
 
 
 def _responses_assistant(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
