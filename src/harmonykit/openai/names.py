@@ -55,8 +55,15 @@ class ToolNames:
     def of(cls, declared: Iterable[str], param: str = "tools", *, strict: bool = True) -> ToolNames:
         """Names in declaration order; two that render alike are a ``RequestError`` (with
         ``strict=False``, the first of them is kept)."""
+        declared = tuple(declared)
+        exact = dict(zip(map(identifier, declared), declared, strict=True))
+        if len(exact) == len(declared):  # no two render alike (nearly always)
+            rendered = tuple(exact)
+            for name in declared:
+                exact.setdefault(name, name)
+            return cls(declared, rendered, exact)
         kept: list[str] = []
-        exact: dict[str, str] = {}
+        exact = {}
         for i, name in enumerate(declared):
             ident = identifier(name)
             if ident in exact:

@@ -294,33 +294,36 @@ class _Builder:
         """``build(self, *args)`` adds what the client's ``source`` (a message or an input item)
         becomes; when an equal source became it before in the same ``context`` (all else its
         messages depend on), what it became then is added instead: no conversion, no tokens."""
-        cache, key, data = self.cache, None, None
-        if cache is not None:
-            data = parts_key(source)  # the client's key order kept
-            if data is not None:
-                key = (self.api, id(self.encoding), context, *compact_key(data))
-                found = cache.get(key)
-                if found is not None and found[0] == data and (not found[1] or _finite(source)):
-                    self.items += found[2]
-                    flat, spans = self.tokens, self.spans
-                    for toks in found[3]:
-                        start = len(flat)
-                        flat += toks
-                        spans.append((start, len(flat)))
-                    self.call_names.update(found[4])
-                    self._calls += found[4]
-                    return
+        cache = self.cache
+        if cache is None:
+            build(self, *args)
+            return
+        data = parts_key(source)  # the client's key order kept
+        if data is None:  # not JSON: built (and refused) without the cache
+            build(self, *args)
+            return
+        key = (self.api, id(self.encoding), context, *compact_key(data))
+        found = cache.get(key)
+        if found is not None and found[0] == data and (not found[1] or _finite(source)):
+            self.items += found[2]
+            flat, spans = self.tokens, self.spans
+            for toks in found[3]:
+                start = len(flat)
+                flat += toks
+                spans.append((start, len(flat)))
+            self.call_names.update(found[4])
+            self._calls += found[4]
+            return
         first, calls = len(self.items), len(self._calls)
         build(self, *args)
-        if cache is not None and key is not None and data is not None:
-            kept = tuple(self.items[first:])
-            tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
-            data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
-            entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
-            # The texts are held once (the client's dict goes), and once more serialized.
-            weight = (ENTRY_BYTES * (1 + len(kept)) + 2 * len(data)
-                      + TOKEN_BYTES * sum(map(len, tokens)))
-            cache.put(key, entry, weight)
+        kept = tuple(self.items[first:])
+        tokens = tuple(tuple(self.tokens[a:b]) for a, b in self.spans[first:])
+        data = bytes(memoryview(data))  # exactly its length (orjson's output may hold 4 KB)
+        entry = (data, b"null" in data, kept, tokens, tuple(self._calls[calls:]))
+        # The texts are held once (the client's dict goes), and once more serialized.
+        weight = (ENTRY_BYTES * (1 + len(kept)) + 2 * len(data)
+                  + TOKEN_BYTES * sum(map(len, tokens)))
+        cache.put(key, entry, weight)
 
     def assistant(self, reasoning: str, content: str, calls: Sequence[tuple[str, str, str]]) -> None:
         if reasoning:
