@@ -65,7 +65,8 @@ def main() -> None:
         "free text (analysis)": "<|channel|>analysis<|message|>Let me think about",
         "inside a JSON schema (arguments)": '<|channel|>commentary to=functions.tool_3 <|constrain|>json<|message|>'
                                             '{"path": "src/ma',
-        "JSON, after a key": '<|channel|>commentary to=functions.tool_3 json<|message|>{"path": "a", "mode": ',
+        "JSON, after a key": '<|channel|>commentary to=functions.tool_3 <|constrain|>json<|message|>'
+                             '{"path": "a", "mode": ',
     }
     print("  mask per token, 10 tools (median / p99):       packed bits            one bool per id")
     for name, prefix in regions.items():
