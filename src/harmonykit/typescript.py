@@ -335,7 +335,9 @@ def namespace_parts(name: str, description: str | None, tools: Sequence[ToolText
     head, end = _namespace_frame(name, description, bool(tools))
     if not tools:
         return [head]
-    parts = [head, tools[0].first, *(t.later for t in tools[1:]), end]
+    parts = [head, tools[0].first]
+    parts += [t.later for t in tools[1:]]
+    parts.append(end)
     if not (name[-1:].isascii() and name[-1:].isalnum()):
         parts[:2] = [parts[0] + parts[1]]  # the cut before " {" is safe after a letter or digit only
     return parts

@@ -157,7 +157,8 @@ def _read_tools(tools: Any, nested: bool) -> tuple[_Tool, ...]:
     return tuple([_tool(t, i, nested) for i, t in enumerate(tools)])
 
 
-def _check_tool_choice(tool_choice: Any, names: ToolNames) -> None:
+def _check_tool_choice(tool_choice: Any, names: Sequence[str]) -> None:
+    """``tool_choice`` against the declared function ``names``."""
     if isinstance(tool_choice, dict):
         fn = tool_choice.get("function", tool_choice) if "function" in tool_choice else tool_choice
         param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
@@ -169,7 +170,7 @@ def _check_tool_choice(tool_choice: Any, names: ToolNames) -> None:
         if not names:
             raise RequestError("tool_choice",
                                f"tool_choice names {shown(fn['name'])} but the request declares no tools")
-        if fn["name"] not in names.declared:
+        if fn["name"] not in names:
             raise RequestError(f"{param}.name",
                                f"tool_choice names {shown(fn['name'])}, which is not in tools")
     elif tool_choice not in (None, "auto", "required", "none"):
@@ -398,8 +399,7 @@ class Developer:
     its TypeScript) and response format section; rendered without building the message."""
 
     instructions: str | None
-    tools: tuple[ToolDescription, ...]
-    texts: tuple[ToolText, ...]
+    tools: tuple[_Tool, ...]
     response_format: str | None
 
     def message(self) -> Message:
@@ -407,7 +407,7 @@ class Developer:
         if self.instructions is not None:
             dev = dev.with_instructions(self.instructions)
         if self.tools:
-            dev = dev.with_function_tools(self.tools)
+            dev = dev.with_function_tools([t.description for t in self.tools])
         parts: list[Any] = []
         if self.instructions is not None or self.tools:
             parts.append(dev)
@@ -417,7 +417,8 @@ class Developer:
 
     def render(self, encoding: HarmonyEncoding, out: list[int]) -> None:
         """Append the tokens ``encoding.render(self.message())`` gives."""
-        tools = section_parts([namespace_parts("functions", None, self.texts)]) if self.texts else []
+        tools = section_parts([namespace_parts("functions", None, [t.text for t in self.tools])]) \
+            if self.tools else []
         encoding.render_developer_append(self.instructions, tools,
                                          self._format_text() if self.response_format else None, out)
 
@@ -437,10 +438,15 @@ class Head:
     (``SYSTEM_CACHE``), and its tools one by one (``TOOL_SPECS``), each with its tokens."""
 
     tokens: tuple[int, ...]
-    names: ToolNames
+    declared: tuple[str, ...]  # the function names, as the request declared them
     has_tools: bool
     system: Message
     developer: Developer | None
+
+    @functools.cached_property
+    def names(self) -> ToolNames:
+        # Built when first read (a dataset never does); the names were checked when read.
+        return ToolNames.of(self.declared)
 
     @functools.cached_property
     def messages(self) -> tuple[Message, ...]:
@@ -484,20 +490,20 @@ def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instruct
         found = HEAD_CACHE.get(key)
         if found is not None and found[0] == extras:
             return found[1]
-    names = ToolNames.of([e.declared for e in entries])  # two names that render alike are an error
-    _check_tool_choice(tool_choice, names)
+    declared = tuple([e.declared for e in entries])
+    if len({e.description.name for e in entries}) < len(entries):
+        ToolNames.of(declared)  # two names that render alike: the error says which
+    _check_tool_choice(tool_choice, declared)
     response_format = _format_from(fmt, _FORMAT_PARAM[api], nested)
     listed = () if tool_choice == "none" else entries
     system, tokens = _system(encoding, effort, bool(listed))
     if not (instructions or listed or response_format):
-        head = Head(tokens, names, bool(listed), system, None)
+        head = Head(tokens, declared, bool(listed), system, None)
     else:
-        developer = Developer("\n\n".join(instructions) if instructions else None,
-                              tuple([e.description for e in listed]), tuple([e.text for e in listed]),
-                              response_format)
+        developer = Developer("\n\n".join(instructions) if instructions else None, listed, response_format)
         out = list(tokens)
         developer.render(encoding, out)
-        head = Head(tuple(out), names, bool(listed), system, developer)
+        head = Head(tuple(out), declared, bool(listed), system, developer)
     if key is not None:
         HEAD_CACHE.put(key, (extras, head), 1)
     return head
@@ -553,7 +559,7 @@ def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
             if i >= drop or channels[i] != "analysis":
                 tokens += read.tokens_of(i)
     tokens += _next_turn(encoding)
-    return Prompt(tokens, tool_names=list(head.names.declared), names=head.names, request=read)
+    return Prompt(tokens, tool_names=list(head.declared), names=head.names, request=read)
 
 
 _NEXT_TURNS: dict[int, list[int]] = {}
