@@ -163,6 +163,40 @@ def test_a_value_that_only_serializes_alike_is_not_a_hit() -> None:
         render_chat_request(_ENC, bad)
 
 
+def test_a_message_of_strings_is_keyed_by_its_strings_and_no_other_is() -> None:
+    """A message whose fields are all strings (or null) is its own key; one field of another
+    type (a number, a list, a name that is not a string) takes the serialized key, and a value
+    that differs only in type is not a hit."""
+    MESSAGE_CACHE.clear()
+    base = [{"role": "system", "content": "s"}]
+    for message in ({"role": "user", "content": "1"}, {"role": "user", "content": 1},
+                    {"role": "user", "content": "x", "name": None}, {"role": "user", "content": "x", "name": 7},
+                    {"role": "user", "content": [{"type": "text", "text": "1"}]}):
+        request = {"messages": [*base, message]}
+        for _ in range(2):
+            try:
+                tokens = render_chat_request(_ENC, request).tokens
+            except hk.openai.RequestError as e:
+                with pytest.raises(hk.openai.RequestError) as refused:
+                    cold(render_chat_request, request)
+                assert str(refused.value) == str(e)
+            else:
+                assert tokens == cold(render_chat_request, request)
+
+
+def test_the_prompt_leaves_each_messages_tokens_in_reach() -> None:
+    """The prompt takes the request's tokens (the head put before them in place): each
+    message's tokens are still where the request says, and the conversation reads whole."""
+    request = agent_request(3)
+    for _ in range(2):
+        prompt = render_chat_request(_ENC, request)
+        read = prompt.request
+        assert read is not None
+        for i, message in enumerate(read.messages):
+            assert read.tokens_of(i) == _ENC.render(message)
+        assert prompt.tokens == _ENC.render_conversation_for_completion(prompt.conversation, hk.Role.ASSISTANT)
+
+
 # -- an agent loop pays for its new messages only -------------------------------------------------
 
 def agent_request(turns: int, seed: int = 0) -> dict[str, Any]:
