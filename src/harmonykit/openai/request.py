@@ -435,7 +435,8 @@ class Head:
     names; its messages built when first read. Cached by the request fields it was built from
     (``HEAD_CACHE``), so an agent loop re-sending the same request pays only for its new
     messages; its system message (the same for nearly every request) is cached on its own
-    (``SYSTEM_CACHE``), and its tools one by one (``TOOL_SPECS``), each with its tokens."""
+    (``SYSTEM_CACHE``), its tools one by one (``TOOL_SPECS``, each with its TypeScript) and
+    their text in parts (the renderer keeps each part's tokens)."""
 
     tokens: tuple[int, ...]
     declared: tuple[str, ...]  # the function names, as the request declared them
