@@ -358,3 +358,39 @@ def test_a_json_schema_format_without_a_schema_is_any_object(enc: hk.HarmonyEnco
     req = {"messages": [{"role": "user", "content": "x"}],
            "response_format": {"type": "json_schema", "json_schema": {"name": "answer"}}}
     assert "## answer" in enc.decode(render_chat_request(enc, req).tokens)
+
+
+# Requests whose heads vary as datasets' do: instructions, tools with odd names, descriptions
+# and schemas, a response format; rendered (twice: the second time from the caches) exactly as
+# the reference renders the conversation they read as.
+_odd = st.text(st.sampled_from(list("ab Z9_-.'/{};\n#é日 ")), min_size=1, max_size=8)
+_props = st.dictionaries(st.sampled_from(["q", "n", "x y", "日"]), st.fixed_dictionaries(
+    {"type": st.sampled_from(["string", "number", "boolean"])},
+    optional={"description": _odd, "enum": st.just(["a", "b"])}), max_size=3)
+_specs = st.builds(
+    lambda name, desc, props, nested: (
+        {"type": "function", "function": {"name": name, "description": desc,
+                                          "parameters": {"type": "object", "properties": props}}}
+        if nested else {"type": "function", "name": name, "description": desc, "parameters": None}),
+    _odd.filter(lambda s: s.strip() and not any(c in s for c in "<>\n")), _odd, _props, st.booleans())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_odd, max_size=2), st.lists(_specs, max_size=3), st.sampled_from([None, "none", "auto"]),
+       st.booleans())
+def test_varied_heads_render_as_the_reference_renders_them(ref: Any, instructions: list[str], tools: list[Any],
+                                                           choice: str | None, with_format: bool) -> None:
+    request: dict[str, Any] = {"messages": [*({"role": "system", "content": t} for t in instructions),
+                                            {"role": "user", "content": "Go."}], "tools": tools}
+    if choice:
+        request["tool_choice"] = choice
+    if with_format:
+        request["response_format"] = {"type": "json_object"}
+    try:
+        first = render_chat_request(_ENC, request)
+    except RequestError:  # names that render alike
+        return
+    convo = oh.Conversation.from_json(first.conversation.to_json())
+    expected = ref.render_conversation_for_completion(convo, oh.Role.ASSISTANT)
+    assert first.tokens == expected
+    assert render_chat_request(_ENC, request).tokens == expected
