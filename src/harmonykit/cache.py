@@ -52,7 +52,9 @@ def disabled() -> Iterator[None]:
         _OFF.reset(token)
 
 
-#: Keys a second-sight cache remembers having seen once (then it forgets them all).
+#: Keys a second-sight cache remembers having seen once (then it forgets them all). It keeps
+#: their hashes only: the keys themselves (a record's own system prompt) would be held outside
+#: the budget; two keys of one hash at worst store an entry a sight early.
 SEEN_KEYS = 4096
 
 
@@ -70,7 +72,7 @@ class LRU(Generic[K, V]):
         self.used = 0
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
-        self._seen: set[K] | None = set() if second_sight else None
+        self._seen: set[int] | None = set() if second_sight else None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -94,11 +96,13 @@ class LRU(Generic[K, V]):
         if weight > self.budget or (_disabling and _OFF.get()):
             return
         seen = self._seen
-        if seen is not None and key not in seen:
-            if len(seen) >= SEEN_KEYS:
-                seen.clear()
-            seen.add(key)
-            return
+        if seen is not None:
+            h = hash(key)
+            if h not in seen:
+                if len(seen) >= SEEN_KEYS:
+                    seen.clear()
+                seen.add(h)
+                return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -155,8 +159,8 @@ class PartsCache(Generic[V]):
     (1, 1)
     """
 
-    def __init__(self, size: int = 256, *, second_sight: bool = False) -> None:
-        self._lru: LRU[tuple[int, int], tuple[Any, V]] = LRU(size, second_sight=second_sight)
+    def __init__(self, size: int = 256) -> None:
+        self._lru: LRU[tuple[int, int], tuple[Any, V]] = LRU(size)
 
     def get(self, parts: Any, build: Callable[[], V]) -> V:
         data = parts_key(parts)

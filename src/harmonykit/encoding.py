@@ -200,23 +200,11 @@ class HarmonyEncoding:
         self._renderer.render_message(message, has_tools, out)
         return out
 
-    def render_append(self, message: Message, out: list[int], has_function_tools: bool = False) -> None:
-        """Append one message's tokens to ``out`` (what ``render`` gives, without a list of its own).
-
-        >>> enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-        >>> out = [200006]
-        >>> enc.render_append(Message.from_role_and_content(Role.USER, "Hi"), out)
-        >>> enc.decode_utf8(out)
-        '<|start|><|start|>user<|message|>Hi<|end|>'
-        """
-        self._renderer.render_message(message, has_function_tools, out)
-
     def render_text_append(self, role: Role, text: str, out: list[int], *, name: str | None = None,
                            channel: str | None = None, recipient: str | None = None,
                            content_type: str | None = None) -> None:
-        """Append the tokens of a message of one text part given by its fields: what
-        ``render_append`` appends for that message, without building it (a dataset renders
-        millions).
+        """Append the tokens of a message of one text part given by its fields: what ``render``
+        gives for that message, without building it (a dataset renders millions).
 
         >>> enc = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
         >>> out: list[int] = []

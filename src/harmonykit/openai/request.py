@@ -230,8 +230,8 @@ def _message(role: Role, text: str, *, name: str | None = None, channel: str | N
     return text_message(author, text, channel, recipient, content_type)
 
 
-# One author a role, shared by the messages built here (never changed after): a dataset
-# record renders ~10% faster without building one per message.
+# One author a role, shared by the messages built here (never changed after): a conversation
+# of many messages is built faster without one per message.
 _AUTHORS = {role: Author(role=role) for role in Role}
 
 
@@ -248,10 +248,10 @@ _ROLES = {role.value: role for role in Role}
 _VALUES = {role: role.value for role in Role}  # (an Enum's .value is slow to read)
 # What one client message became: its serialization (to check a hit; None where the key is
 # the message's own strings), whether that holds a null (which a NaN serializes as too), its
-# messages, their tokens, the calls it made. Only
-# tuples, bytes and strings: the garbage collector stops walking them after one look, so a
-# full cache costs no collection anything (Message objects kept here cost ~100 ms a full
-# collection at 64 MB, stalling every stream); a hit rebuilds its messages.
+# messages, their tokens, the calls it made. Only tuples, bytes and strings: the garbage
+# collector stops walking them after one look, so a full cache costs no collection anything
+# (Message objects kept here cost ~100 ms a full collection at 64 MB, stalling every stream);
+# a hit rebuilds its messages.
 _Rendered = tuple["bytes | None", bool, tuple[_Kept, ...], tuple[tuple[int, ...], ...],
                   tuple[tuple[str, str], ...]]
 
@@ -523,7 +523,7 @@ class Request:
 
     @functools.cached_property
     def messages(self) -> list[Message]:
-        """The messages after the head (those from the cache built now)."""
+        """The messages after the head, built now from the values each was kept as."""
         return [_message(_ROLES[m[0]], m[5], name=m[1], channel=m[2], recipient=m[3], content_type=m[4])
                 for m in self.items]
 

@@ -238,13 +238,19 @@ def _llama_context(card: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def vllm_guided_problem(version: str) -> str | None:
-    """Why a vLLM version cannot hold a whole Harmony turn to a grammar (None: it can)."""
+def _major_minor(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string such as ``0.32.0`` (None if it has none)."""
     try:
         major, minor = (int(x) for x in version.split(".")[:2])
     except ValueError:
         return None
-    if (major, minor) < (0, 11):
+    return major, minor
+
+
+def vllm_guided_problem(version: str) -> str | None:
+    """Why a vLLM version cannot hold a whole Harmony turn to a grammar (None: it can)."""
+    release = _major_minor(version)
+    if release is not None and release < (0, 11):
         return f"vLLM {version} ignores structured_outputs (0.11 and later apply it)"
     return None
 
@@ -255,11 +261,8 @@ def vllm_guided_caveat(version: str) -> str | None:
     >>> vllm_guided_caveat("0.20.1") is not None, vllm_guided_caveat("0.32.0")
     (True, None)
     """
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        return None
-    if (0, 11) <= (major, minor) < (0, 27):
+    release = _major_minor(version)
+    if release is not None and (0, 11) <= release < (0, 27):
         return (f"vLLM {version} applies a grammar only once its reasoning parser sees the final channel: "
                 "start it without --reasoning-parser, or (0.13+) with "
                 "--structured-outputs-config.enable_in_reasoning true")

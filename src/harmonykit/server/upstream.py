@@ -190,7 +190,7 @@ class Upstream:
             engine.profile = profile_of(models, version if isinstance(version, dict) else None)
         assert engine.profile is not None
         profile = engine.profile
-        if profile.version_problem is not None and engine.version is None:
+        if (profile.version_problem or profile.version_caveat) and engine.version is None:
             with contextlib.suppress(UpstreamError, UpstreamRejected):
                 v = await self._get(engine, "/version", timeout)
                 engine.version = str(v.get("version")) if isinstance(v, dict) else None
