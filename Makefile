@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck unit engines bench wheel-check clean
+.PHONY: demo test lint typecheck unit engines bench fuzz mutants wheel-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,19 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gateway.py
 	$(BIN)/python benchmarks/grammar.py
 	$(BIN)/python benchmarks/data.py
+	$(BIN)/python benchmarks/scaling.py
+
+# Hypothesis's random search, long (not in CI, where it runs derandomized): each property test
+# tries FUZZ times its examples (tests/budget.py). Failures are kept in .hypothesis/ and replayed.
+FUZZ ?= 50
+fuzz: $(STAMP)
+	HARMONYKIT_FUZZ=$(FUZZ) $(BIN)/pytest -q -p no:randomly -m "not real_engines" \
+		$$(grep -l "@given\|@SETTINGS\|@examples" tests/test_*.py)
+
+# One-line bugs applied to the core and the gateway, each against the tests that cover it
+# (tests/mutants.py): every one must be caught. Not in CI (it runs the suite once a mutant).
+mutants: $(STAMP)
+	$(BIN)/python tests/mutants.py
 
 # The built wheel works outside the checkout: a fresh venv, the CLI and an import smoke test.
 wheel-check: $(STAMP)

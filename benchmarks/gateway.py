@@ -10,7 +10,10 @@ process drives the load with aiohttp. Reported:
   100 concurrent streams, and the wall time of 200 concurrent streams;
 - the choices behind the server extra: aiohttp vs httpx as the upstream client
   under 200 concurrent streams, a plain ASGI app vs Starlette on uvicorn;
-- a cached request head against a cold render.
+- a cached request head against a cold render;
+- stalls: the longest gap in one stream while the gateway reads and renders a large request
+  (one 12 MB message; 250k short ones), and how soon a body far past the context is refused
+  (tests/test_server.py checks that these happen; how fast is measured here).
 
 Run alone: ``python benchmarks/gateway.py``.
 """
@@ -18,6 +21,7 @@ Run alone: ``python benchmarks/gateway.py``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -66,11 +70,16 @@ def run_engine(port: int, app: str) -> None:
     """Child process: the scripted engine, or a hello app for the framework comparison."""
     import uvicorn
 
-    if app == "engine":
+    if app in ("engine", "slow-engine"):
         from engine import Engine
 
         target: Any = Engine(chunk=1, split_frames=False)
         target.context = 131072  # gpt-oss's: the agent loop's 40k-token prompt fits
+        # For the stalls: a token every 3 ms, and a context that both large requests are rendered for
+        # (it is past what a byte count rules out) and then refused by (they never reach the engine,
+        # a stand-in in one thread, whose own parse of a huge prompt would stall its streams).
+        if app == "slow-engine":
+            target.delay, target.context = 0.003, 1_000_000
     elif app == "raw":
         async def target(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
@@ -272,7 +281,8 @@ def main() -> None:
         t0 = time.perf_counter()
         results = asyncio.run(_rounds(via_gateway, 200, 200))
         print(f"  200 concurrent streams through the gateway: {len(results)} complete in "
-              f"{(time.perf_counter() - t0) * 1e3:.0f} ms")
+              f"{(time.perf_counter() - t0) * 1e3:.0f} ms (the test's guard against a hang: 90 s)")
+        _refused_early(gateway)
         asyncio.run(_agent_loop(enc, engine, gateway))
         print("\nUpstream HTTP client (the same engine, streams read to the end):")
         asyncio.run(_client_compare(engine, prompt))
@@ -311,10 +321,90 @@ def main() -> None:
     w = (time.perf_counter() - t) / n
     print(f"\nRequest rendering, 20 tools: cold {c * 1e6:.0f} us, cached head {w * 1e6:.0f} us "
           f"({c / w:.1f}x faster)")
+    _stalls()
+
+
+def _refused_early(gateway: str) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode()
+    req = urllib.request.Request(gateway + "/v1/chat/completions", data=big,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        urllib.request.urlopen(req, timeout=60).read()
+        code = 200
+    except urllib.error.HTTPError as e:
+        code = e.code
+    print(f"  a 2 MB body far past the engine's context refused in {(time.monotonic() - t0) * 1e3:.1f} ms "
+          f"(status {code}; target < 1000 ms)")
+
+
+def _stalls() -> None:
+    """The gateway (harmonykit serve) and a stand-in engine, each in its own process, one stream of
+    one token every 3 ms, and a large request sent beside it: the stream's longest gap meanwhile."""
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import openai
+
+    def post(base: str, body: bytes) -> int:
+        req = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                r.read()
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    def stream(base: str, times: list[float], done: threading.Event) -> None:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+        with c.chat.completions.create(model="m", stream=True,
+                                       messages=[{"role": "user", "content": "long:20000"}]) as s:
+            for _ in s:
+                times.append(time.monotonic())
+                if done.is_set():
+                    break
+
+    print("\nStalls (harmonykit serve and a stand-in engine in their own processes; one token every 3 ms):")
+    e_port, g_port = _free_port(), _free_port()
+    engine, gateway = f"http://127.0.0.1:{e_port}", f"http://127.0.0.1:{g_port}"
+    eng = _start([__file__, "--app", "slow-engine", str(e_port)], engine + "/v1/models")
+    gw = _start(["-m", "harmonykit", "serve", "--upstream", engine, "--port", str(g_port),
+                 "--max-body-bytes", str(64 << 20)], gateway + "/health")
+    try:
+        for name, messages in (("one 12 MB message", [{"role": "user", "content": "x" * 12_000_000}]),
+                               ("250k short messages",
+                                [{"role": "user", "content": f"question {i}"} for i in range(250_000)])):
+            big = json.dumps({"model": "m", "messages": messages, "max_tokens": 1}).encode()
+            times: list[float] = []
+            done = threading.Event()
+            reader = threading.Thread(target=stream, args=(gateway, times, done))
+            reader.start()
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            code = post(gateway, big)
+            t1 = time.monotonic()
+            done.set()
+            reader.join(60)
+            during = [b - a for a, b in itertools.pairwise(times) if b >= t0 and a <= t1]
+            print(f"  {name:<22} handled in {(t1 - t0) * 1e3:6.0f} ms (status {code}); longest gap in the "
+                  f"other stream {max(during, default=0) * 1e3:4.0f} ms ({len(during)} chunks meanwhile; "
+                  "target < 100 ms)")
+    finally:
+        _stop(gw)
+        _stop(eng)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--app":
+    if len(sys.argv) == 2 and sys.argv[1] == "--stalls":  # this part alone
+        _stalls()
+    elif len(sys.argv) == 4 and sys.argv[1] == "--app":
         run_engine(int(sys.argv[3]), sys.argv[2])
     else:
         main()

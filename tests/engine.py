@@ -2,13 +2,17 @@
 ``/v1/completions`` as SGLang 0.5.23's source does (``serving_completions.py``,
 ``protocol.py``): ``owned_by: "sglang"`` and ``max_model_len`` in ``/v1/models``,
 ``max_tokens`` 16 when none is sent, ``token_ids`` with ``return_token_ids`` (the
-matched stop token kept in them and named in ``matched_stop``), stop strings cut from
-``text`` but not from ``token_ids``. And servers to run it (and the gateway) for real:
-uvicorn on 127.0.0.1, a free port, a thread.
+matched stop token kept in them and named in ``matched_stop``), and ``stop`` strings as
+its scheduler and detokenizer treat them (``schedule_batch.py``, ``detokenizer_manager.py``):
+generation ends at the token whose text completes one, ``matched_stop`` names it, ``text``
+is cut where it begins (streamed text is sent as decoded, the last chunk cut back), and
+``token_ids`` keep every token, the completing one included. And servers to run it (and
+the gateway) for real: uvicorn on 127.0.0.1, a free port, a thread.
 
 The script is chosen by the last user message of the prompt it receives:
 ``case:ID`` replays a wild case; ``load:N`` answers ``answer N`` token by token;
-``headerless:N`` answers N words with no header;
+``headerless:N`` answers N words with no header; ``say:TEXT`` answers TEXT on the final
+channel (``say:`` with a stop string in it tests ``stop``);
 ``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
 ``reject``). Its streams split SSE frames mid-JSON.
 """
@@ -53,6 +57,13 @@ class Engine:
         self.cancelled = 0
         self.active = 0
         self.delay = 0.0  # seconds between streamed chunks
+        # When set: the last chunk of a stream waits until the test opens the gate (or 60 s pass),
+        # so a test can tell text streamed before the end from text sent at it, by order, not time.
+        self.gate: threading.Event | None = None
+        self.sent_last = False  # a stream's last chunk has gone out
+        # When set: a stream's chunk number ``pause_at`` waits until ``resume`` is set (or 60 s pass).
+        self.pause_at: int | None = None
+        self.resume = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -111,6 +122,9 @@ class Engine:
                            "<|message|>" + " word" * int(arg) + "<|return|>", "stop"
         elif kind == "headerless":  # an answer with no header at all: words straight after <|start|>assistant
             text, finish = "".join(f" word{i}." for i in range(int(arg))) + "<|return|>", "stop"
+        elif kind == "say":
+            text, finish = f"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant" \
+                           f"<|channel|>final<|message|>{arg}<|return|>", "stop"
         elif kind == "load":
             text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
                            f"<|channel|>final<|message|>answer {arg}<|return|>", "stop"
@@ -123,8 +137,12 @@ class Engine:
         limit = req.get("max_tokens", 16)  # SGLang's default
         if len(ids) > limit:
             ids, finish, stop_reason = ids[:limit], "length", None
+        ids, matched = _stop_at_strings(ids, req.get("stop"))
+        if matched is not None:
+            finish, stop_reason = "stop", matched
+        full_text = _trim(ENC.decode(ids), matched)
         if not req.get("stream"):
-            choice: dict[str, Any] = {"index": 0, "text": ENC.decode(ids), "finish_reason": finish,
+            choice: dict[str, Any] = {"index": 0, "text": full_text, "finish_reason": finish,
                                       "matched_stop": stop_reason, "logprobs": None}
             if self.token_ids and req.get("return_token_ids"):
                 choice["token_ids"] = ids
@@ -142,6 +160,9 @@ class Engine:
                 pass
             return
         chunks = self._chunks(ids)
+        if matched is not None:  # the detokenizer's last chunk: the text so far cut at the stop string
+            sent = "".join(text for text, _ in chunks[:-1])
+            chunks[-1] = (full_text[len(sent):], chunks[-1][1])
         for i, piece in enumerate(chunks):
             if kind == "fault" and arg == "midway" and i == len(chunks) // 2:
                 raise ConnectionResetError  # uvicorn drops the connection
@@ -153,6 +174,10 @@ class Engine:
                         pass
                     raise asyncio.CancelledError
             last = i == len(chunks) - 1
+            if i == self.pause_at:
+                await asyncio.to_thread(self.resume.wait, 60)
+            if last and self.gate is not None:
+                await asyncio.to_thread(self.gate.wait, 60)
             choice = {"index": 0, "text": piece[0], "logprobs": None,
                       "finish_reason": finish if last else None, "matched_stop": stop_reason if last else None}
             if self.token_ids and req.get("return_token_ids"):
@@ -163,6 +188,7 @@ class Engine:
             for part in (frame[:cut], frame[cut:]):  # SSE frames split anywhere
                 if part:
                     await send({"type": "http.response.body", "body": part, "more_body": True})
+            self.sent_last = self.sent_last or last
             if self.delay:
                 await asyncio.sleep(self.delay)
             else:
@@ -187,6 +213,28 @@ class Engine:
             pieces.append((text[prev:c], []))
             prev = c
         return pieces
+
+
+def _stop_at_strings(ids: list[int], stop: Any) -> tuple[list[int], str | None]:
+    """Where SGLang's scheduler ends a generation at a stop string: at the first token whose
+    decoded output holds one (``Req.check_finished``). The ids keep that token."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
+    if not stops:
+        return ids, None
+    for n in range(1, len(ids) + 1):
+        text = ENC.decode(ids[:n])
+        hits = [s for s in stops if s in text]
+        if hits:
+            return ids[:n], min(hits, key=text.find)
+    return ids, None
+
+
+def _trim(text: str, matched: str | None) -> str:
+    """The detokenizer's ``trim_matched_stop`` for a string: the text before it."""
+    if matched is None:
+        return text
+    pos = text.find(matched)
+    return text[:pos] if pos != -1 else text
 
 
 async def _gone(receive: Any) -> None:

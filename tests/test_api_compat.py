@@ -7,10 +7,11 @@ import json
 
 import openai_harmony as oh
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from strategies import conversations, text
 
 PUBLIC = sorted(set(oh.__all__) | {"ChannelConfig", "ToolNamespaceConfig", "RenderConversationConfig",
@@ -59,7 +60,7 @@ def test_enum_values() -> None:
     assert str(hk.HarmonyEncodingName.HARMONY_GPT_OSS) == "HarmonyGptOss"
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100)
 @given(conversations())
 def test_json_written_by_one_loads_in_the_other(convo: hk.Conversation) -> None:
     # Both write the same JSON, and read any such JSON back into the same conversation.
@@ -96,7 +97,7 @@ def _outcome(fn):  # type: ignore[no-untyped-def]
         return type(e).__name__, str(e)
 
 
-@settings(max_examples=300, deadline=None)
+@examples(300)
 @given(text, st.sampled_from([set(), "all", {"<|start|>"}, {"<|end|>", "<|message|>"}]),
        st.sampled_from(["all", (), {"<|start|>"}, {"<|reserved_200014|>"}]))
 def test_encode_matches_reference(enc: hk.HarmonyEncoding, ref: oh.HarmonyEncoding, s: str, allowed: object,
@@ -106,7 +107,7 @@ def test_encode_matches_reference(enc: hk.HarmonyEncoding, ref: oh.HarmonyEncodi
     assert ours == theirs
 
 
-@settings(max_examples=300, deadline=None)
+@examples(300)
 @given(st.lists(st.one_of(st.integers(0, 201088), st.sampled_from([9552, 132990, 201089, 99999999])),
                 max_size=8))
 def test_decode_matches_reference(enc: hk.HarmonyEncoding, ref: oh.HarmonyEncoding, ids: list[int]) -> None:

@@ -11,10 +11,11 @@ from typing import Any
 
 import openai_harmony as oh
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.data import IGNORE, parse_example, render_example
 from harmonykit.data.batch import ParseBatches, RenderBatches, parse_batch, render_batch
 from harmonykit.openai import render_chat_request
@@ -60,7 +61,7 @@ def _reference_messages(record: dict[str, Any]) -> list[Any]:
     return list(oh.Conversation.from_json(convo.to_json()).messages)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(120, suppress_health_check=[HealthCheck.too_slow])
 @given(records(), st.sampled_from(["last_turn", "all_assistant"]))
 def test_renders_match_the_reference(ref: Any, record: dict[str, Any], train_on: str) -> None:
     msgs = _reference_messages(record)

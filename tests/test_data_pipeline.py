@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
+from budget import examples
 from harmonykit.data import pipeline
 
 GOOD = json.dumps({"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]})
@@ -57,7 +58,7 @@ def files(draw: st.DrawFn) -> bytes:
     return (b"\xef\xbb\xbf" if draw(st.booleans()) else b"") + data.encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@examples(150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files(), st.sampled_from([1, 2, 3, 5, 16, 64, 1 << 19]), st.booleans())
 def test_any_cut_gives_every_line_once_numbered_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       data: bytes, size: int, stream: bool) -> None:

@@ -13,10 +13,11 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.grammar import GrammarError, HarmonyMatcher, harmony_grammar
 from harmonykit.grammar.matcher import MASK_SIZE
 from harmonykit.openai import RequestError
@@ -78,7 +79,7 @@ def turns(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     return req, "<|start|>assistant".join(parts)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(150, suppress_health_check=[HealthCheck.too_slow])
 @given(turns())
 def test_accepts_every_well_formed_turn(case: tuple[dict[str, Any], str]) -> None:
     req, text = case

@@ -7,9 +7,10 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
+from budget import examples
 from harmonykit.server import large as body_module
 from harmonykit.server.large import loads_in_pieces
 
@@ -37,7 +38,7 @@ def same(data: bytes) -> None:
     assert loads_in_pieces(data) == expected
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(300, suppress_health_check=[HealthCheck.too_slow])
 @given(_bodies, st.sampled_from([None, 0, 2]), st.data())
 def test_the_same_value_or_the_same_refusal(body: dict[str, Any], indent: int | None, data: st.DataObject) -> None:
     text = json.dumps(body, indent=indent, ensure_ascii=data.draw(st.booleans()))

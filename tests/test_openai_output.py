@@ -8,13 +8,14 @@ import sys
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.openai import (
     ChatCompletionStream,
     ResponsesStream,
@@ -116,8 +117,7 @@ def _without_ids(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = examples(150, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TOOLS_REQUEST = {"tools": [{"type": "function", "function": {"name": "get_weather"}}],
                  "stream_options": {"include_usage": True}}
 

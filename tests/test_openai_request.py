@@ -6,10 +6,11 @@ from typing import Any
 
 import openai_harmony as oh
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.openai import (
     RequestError,
     completion_to_chat_choice,
@@ -275,7 +276,7 @@ _chat_messages = st.lists(st.one_of(
 ), min_size=1, max_size=6)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(150, suppress_health_check=[HealthCheck.too_slow])
 @given(_chat_messages, st.lists(_names, unique=True, max_size=2), st.sampled_from([None, "low", "high"]),
        st.booleans())
 def test_cached_head_renders_like_the_whole_conversation(messages: list[dict[str, Any]], tools: list[str],
@@ -375,7 +376,7 @@ _specs = st.builds(
     _odd.filter(lambda s: s.strip() and not any(c in s for c in "<>\n")), _odd, _props, st.booleans())
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(120, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_odd, max_size=2), st.lists(_specs, max_size=3), st.sampled_from([None, "none", "auto"]),
        st.booleans())
 def test_varied_heads_render_as_the_reference_renders_them(ref: Any, instructions: list[str], tools: list[Any],

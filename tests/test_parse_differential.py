@@ -6,15 +6,15 @@ import json
 from typing import Any
 
 import openai_harmony
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.parse.header import has_control_text, parse_reference  # noqa: F401
 from strategies import assistant_turns
 
-SETTINGS = settings(max_examples=400, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = examples(400, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SPECIALS = [200006, 200007, 200008, 200005, 200003, 200002, 200012, 199999, 200014, 201088]
 
 

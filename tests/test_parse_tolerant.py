@@ -7,10 +7,11 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from conftest import CASES
 from test_parse_differential import _ENC, mutated
 
@@ -294,7 +295,7 @@ def test_prose_split_inside_a_token(enc: hk.HarmonyEncoding, text: str) -> None:
     _text_from_span(enc, tokens, result)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(300, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated(_ENC), st.sampled_from([None, ["get_weather"]]))
 def test_mutations_text_from_span_and_no_markup(case: tuple[list[int], hk.Role | None],
                                                tools: list[str] | None) -> None:
@@ -310,7 +311,7 @@ def _cold(result: Any) -> Any:
         [(r.kind, r.start, r.end, r.detail) for r in result.repairs], result.stop, result.complete
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(200, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated(_ENC), st.sampled_from([None, ["get_weather"]]))
 def test_the_header_cache_changes_nothing(case: tuple[list[int], hk.Role | None], tools: list[str] | None) -> None:
     """Headers read well are kept per encoding: a parse with them kept (after a strict parse of

@@ -10,11 +10,13 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit import cache
+from harmonykit.data import render_example
 from harmonykit.openai import render_chat_request, render_responses_request
 from harmonykit.openai.request import HEAD_CACHE, MESSAGE_CACHE
 from harmonykit.render import developer_parts
@@ -22,8 +24,7 @@ from harmonykit.server import Settings
 from harmonykit.typescript import namespace_parts, section_parts, tool_text
 from test_parse_differential import _ENC
 
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = examples(150, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def cold(render: Any, request: dict[str, Any]) -> list[int]:
@@ -295,3 +296,105 @@ def test_render_cache_setting() -> None:
         assert len(MESSAGE_CACHE) == 0
     finally:
         MESSAGE_CACHE.resize(64 << 20)
+
+
+# -- request heads: every field of the head varies across a sequence, the cache never cleared ------
+
+_HEAD_TOOLS = [_tool("f", ["a"]), _tool("g", ["b", "c"]), _tool("f", ["c"])]  # two spellings of f
+_HEAD_FIELDS: dict[str, list[Any]] = {
+    "effort": [None, "low", "medium", "high"],
+    "effort_in": ["top", "kwargs"],  # Chat: reasoning_effort, or vLLM's chat_template_kwargs
+    "tools": [[], [0], [1], [0, 1], [2], [2, 1]],
+    "tool_choice": [None, "auto", "none", "f"],
+    "format": [None, "text", "json_object", "schema_a", "schema_b"],
+    "system": [None, "Be brief.", "Be thorough."],
+    "developer": [None, "Answer in French.", "Answer in German."],
+}
+_FORMATS = {"text": {"type": "text"}, "json_object": {"type": "json_object"},
+            "schema_a": {"name": "a", "schema": {"type": "object", "properties": {"x": {"type": "string"}}}},
+            "schema_b": {"name": "a", "schema": {"type": "object", "properties": {"y": {"type": "integer"}}}}}
+
+
+def _head_request(head: dict[str, Any], responses: bool) -> dict[str, Any]:
+    """A one-question request whose head is ``head`` (a draw of _HEAD_FIELDS), in either API."""
+    tools = [_HEAD_TOOLS[i] for i in head["tools"]]
+    texts = [t for t in (head["system"], head["developer"]) if t]
+    fmt = _FORMATS.get(head["format"] or "")
+    choice = head["tool_choice"]
+    if responses:
+        request: dict[str, Any] = {"input": [{"role": "user", "content": "Why?"}],
+                                   "tools": [t["function"] | {"type": "function"} for t in tools]}
+        if texts:
+            request["instructions"] = "\n\n".join(texts)
+        if head["effort"]:
+            request["reasoning"] = {"effort": head["effort"]}
+        if fmt:
+            request["text"] = {"format": fmt if "name" not in fmt else {"type": "json_schema", **fmt}}
+        if choice:
+            request["tool_choice"] = {"type": "function", "name": "f"} if choice == "f" else choice
+        return request
+    messages = [{"role": role, "content": t} for role, t in (("system", head["system"]),
+                                                            ("developer", head["developer"])) if t]
+    request = {"messages": [*messages, {"role": "user", "content": "Why?"}], "tools": tools}
+    if head["effort"]:
+        if head["effort_in"] == "top":
+            request["reasoning_effort"] = head["effort"]
+        else:
+            request["chat_template_kwargs"] = {"reasoning_effort": head["effort"]}
+    if fmt:
+        request["response_format"] = fmt if "name" not in fmt else {"type": "json_schema", "json_schema": fmt}
+    if choice:
+        request["tool_choice"] = {"type": "function", "function": {"name": "f"}} if choice == "f" else choice
+    return request
+
+
+def _tokens_or_error(render: Any, request: dict[str, Any]) -> Any:
+    try:
+        return render(_ENC, request).tokens
+    except hk.openai.RequestError as e:
+        return ("refused", e.param, str(e))
+
+
+_heads = st.fixed_dictionaries({k: st.sampled_from(v) for k, v in _HEAD_FIELDS.items()})
+
+
+@SETTINGS
+@given(st.lists(_heads, min_size=2, max_size=12), st.booleans(), st.booleans())
+def test_heads_varying_in_every_field_render_as_cold(heads: list[dict[str, Any]], responses: bool,
+                                                     repeat: bool) -> None:
+    """Requests whose heads differ in one field or many (effort, tools, tool_choice, response
+    format, instructions, developer text), each seen more than once so the caches fill and hit:
+    each renders what a cold render gives (or the same refusal), and so does a dataset record."""
+    render = render_responses_request if responses else render_chat_request
+    sequence = [h for h in heads for _ in range(2 if repeat else 1)]
+    for head in sequence:
+        request = _head_request(head, responses)
+        expected = _tokens_or_error(lambda enc, r: _cold_head(render, r), request)
+        assert _tokens_or_error(render, request) == expected, head
+        if not isinstance(expected, tuple):
+            example = render_example(_ENC, _answered(request, responses))["input_ids"]
+            with cache.disabled():
+                assert example == render_example(_ENC, _answered(request, responses))["input_ids"], head
+
+
+def _cold_head(render: Any, request: dict[str, Any]) -> Any:
+    return type("Cold", (), {"tokens": cold(render, request)})
+
+
+def _answered(request: dict[str, Any], responses: bool) -> dict[str, Any]:
+    """The request as a dataset record: its question answered."""
+    if responses:
+        return {**request, "input": [*request["input"], {"role": "assistant", "content": "Because."}]}
+    return {**request, "messages": [*request["messages"], {"role": "assistant", "reasoning_content": "Think.",
+                                                           "content": "Because."}]}
+
+
+def test_the_effort_is_part_of_a_heads_key() -> None:
+    """Two low requests (the head is stored on its second sight), then a high one: it says high."""
+    for effort in ("low", "low", "high", "high"):
+        request = {"messages": [{"role": "user", "content": "Why?"}], "reasoning_effort": effort}
+        text = _ENC.decode(render_chat_request(_ENC, request).tokens)
+        assert f"Reasoning: {effort}" in text
+        record = {"messages": [*request["messages"], {"role": "assistant", "content": "Because."}],
+                  "reasoning_effort": effort}
+        assert f"Reasoning: {effort}" in _ENC.decode(render_example(_ENC, record)["input_ids"])

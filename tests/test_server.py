@@ -168,10 +168,8 @@ def test_load_200_concurrent_streams(gateway: str) -> None:
         finally:
             await a.close()
 
-    t = time.monotonic()
-    results = asyncio.run(go())
+    results = asyncio.run(go())  # the 90 s of wait_for guard against a hang; how fast is make bench's
     assert results == [f"answer {i}" for i in range(200)]
-    assert time.monotonic() - t < 90
 
 
 def _raw(base: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
@@ -477,11 +475,10 @@ def test_idle_request_bodies_hold_no_slot_and_time_out() -> None:
             time.sleep(0.3)
             answer = client(gw).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "load:3"}])
             assert answer.choices[0].message.content == "answer 3"  # not a 429
-            t0 = time.monotonic()
             for s in idle:
+                s.settimeout(60)  # a guard against a hang: the 408 comes after body_timeout
                 head = s.recv(200)
                 assert head.startswith(b"HTTP/1.1 408"), head
-            assert time.monotonic() - t0 < 5
         finally:
             for s in idle:
                 s.close()
@@ -490,48 +487,88 @@ def test_idle_request_bodies_hold_no_slot_and_time_out() -> None:
 @pytest.mark.parametrize(("messages", "context"), [
     # one 12 MB message with no white space, in a context it could fit: rendered, then sent
     ([{"role": "user", "content": "x" * 12_000_000}], 10_000_000),
-    # 250k short messages (2M tokens): rendered, then refused as past the context (a stand-in engine
-    # in this process would hold the GIL parsing them: that is no gateway's stall)
+    # 250k short messages (2M tokens): rendered, then refused as past the context
     ([{"role": "user", "content": f"question {i}"} for i in range(250_000)], 1_000_000),
 ], ids=["one-huge-message", "250k-short-messages"])
-def test_a_large_render_does_not_stall_other_streams(messages: list[dict[str, str]], context: int) -> None:
+def test_a_large_render_does_not_stall_other_streams(messages: list[dict[str, str]], context: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large request is rendered off the event loop: while its render runs, another stream gets
+    its chunks. Told by order, not time: the other stream's engine pauses after PAUSE tokens until
+    the render has begun, and the render waits, in its thread, until that stream has shown more
+    than PAUSE words, which it can only do if the gateway's loop is free (a render on the loop
+    would wait for ever; the guard ends that wait, and the test fails). How long the other
+    stream's longest gap is, is make bench's to measure."""
+    import threading
+
+    from harmonykit.server import app as app_module
+
+    pause = 200
     eng = Engine(chunk=1)
-    eng.delay, eng.context = 0.003, context
+    eng.delay, eng.context, eng.pause_at = 0.003, context, pause
+    words_seen = 0
+    words_during: list[int] = []
+    past_the_pause = threading.Event()
+    on_loop: list[bool] = []
+    real = app_module._RENDER["chat"]
+
+    def render(encoding: hk.HarmonyEncoding, request: dict[str, Any]) -> Any:
+        if request["messages"][0]["content"] == "long:20000":
+            return real(encoding, request)  # the other stream's own request
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        eng.resume.set()
+        past_the_pause.wait(60)
+        words_during.append(words_seen)
+        return real(encoding, request)
+
+    monkeypatch.setitem(app_module._RENDER, "chat", render)
     big = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+    done = threading.Event()
     with serving(eng) as up, serving(create_app(Settings(upstream=(up,), max_body_bytes=64 * 1024 * 1024))) as gw:
-        gaps: list[float] = []
-
         def stream() -> None:
-            last = None
-            for _ in client(gw).chat.completions.create(model=MODEL, stream=True,
-                                                        messages=[{"role": "user", "content": "long:400"}]):
-                now = time.monotonic()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
-
-        import threading
+            nonlocal words_seen
+            with client(gw, timeout=120).chat.completions.create(
+                    model=MODEL, stream=True, messages=[{"role": "user", "content": "long:20000"}]) as s:
+                for chunk in s:
+                    words_seen += sum((c.delta.content or "").count("word") for c in chunk.choices)
+                    if words_seen > pause:
+                        past_the_pause.set()
+                    if done.is_set():
+                        break
 
         reader = threading.Thread(target=stream)
         reader.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        code, _ = _raw(gw, "/v1/chat/completions", big)
-        render_seconds = time.monotonic() - t0
-        reader.join(60)
-    assert code in (200, 400) and render_seconds > 0.3, render_seconds  # the render was real work
-    assert gaps and max(gaps) < 0.1, f"a stream stalled {max(gaps) * 1000:.0f} ms while another request rendered"
-    print(f"render {render_seconds:.2f} s; longest gap in the other stream {max(gaps) * 1000:.0f} ms")
+        try:
+            while words_seen == 0 and reader.is_alive():  # the other stream is under way
+                time.sleep(0.01)
+            code, _ = _raw(gw, "/v1/chat/completions", big)
+        finally:
+            done.set()
+            eng.resume.set()
+            reader.join(60)
+    assert not reader.is_alive()
+    assert code in (200, 400)
+    assert on_loop == [False], "the large request was rendered on the event loop"
+    assert words_during and words_during[0] > pause, "the other stream stalled while the render ran"
 
 
-def test_a_body_far_past_the_context_is_refused_before_any_work(engine: tuple[Engine, str]) -> None:
+def test_a_body_far_past_the_context_is_refused_before_any_work(engine: tuple[Engine, str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from harmonykit.server import app as app_module
+
+    rendered: list[int] = []
+    real = app_module._RENDER["chat"]
+    monkeypatch.setitem(app_module._RENDER, "chat", lambda enc, req: rendered.append(1) or real(enc, req))
     big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 2_000_000}]}).encode()
     with serving(create_app(Settings(upstream=(engine[1],)))) as gw:
         _raw(gw, "/health")
-        t0 = time.monotonic()
+        sent = len(engine[0].requests)
         code, out = _raw(gw, "/v1/chat/completions", big)
     assert code == 400 and out["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
-    assert time.monotonic() - t0 < 1
+    assert rendered == [] and len(engine[0].requests) == sent  # neither rendered nor sent
 
 
 def test_an_endless_engine_line_is_cut_off(engine: tuple[Engine, str]) -> None:
@@ -562,10 +599,9 @@ def test_slow_headers_are_cut_off_and_others_are_served() -> None:
                 answer = client(gw).chat.completions.create(model=MODEL,
                                                             messages=[{"role": "user", "content": "load:4"}])
                 assert answer.choices[0].message.content == "answer 4"
-                t0 = time.monotonic()
                 for s in slow:
+                    s.settimeout(60)  # a guard against a hang: the gateway closes them after header_timeout
                     assert s.recv(100) == b""  # closed by the gateway
-                assert time.monotonic() - t0 < 4
             finally:
                 for s in slow:
                     s.close()
@@ -573,29 +609,26 @@ def test_slow_headers_are_cut_off_and_others_are_served() -> None:
 
 def test_a_headerless_answer_streams_before_its_end() -> None:
     """Point 10 of #15: an answer with no header (no <|channel|>, no <|message|>) is shown as it
-    is generated, from the HEADER_LIMIT-th token on, not all at once at its end."""
-    from harmonykit.parse.machine import HEADER_LIMIT
+    is generated, from the HEADER_LIMIT-th token on, not all at once at its end. The engine holds
+    its last chunk until the client has seen text: text that came only at the end never comes."""
+    import threading
 
     eng = Engine(chunk=1, split_frames=False)
-    eng.delay = 0.004
+    eng.gate = threading.Event()
     with serving(eng) as up, serving(create_app(Settings(upstream=(up,)))) as gw:
-        begun = time.monotonic()
-        stream = client(gw).chat.completions.create(
+        stream = client(gw, timeout=120).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "headerless:400"}], stream=True, max_tokens=2000)
-        first, chunks, parts = None, 0, []
+        parts, before_the_end = [], None
         for chunk in stream:
             text = chunk.choices[0].delta.content if chunk.choices else None
             if text:
-                chunks += 1
-                first = time.monotonic() - begun if first is None else first
+                if before_the_end is None:
+                    before_the_end = not eng.sent_last
+                    eng.gate.set()
                 parts.append(text)
-        total = time.monotonic() - begun
-    assert first is not None and "".join(parts).startswith("word0. word1.")
-    assert "".join(parts).endswith("word399.")
-    # 400 words are 800 tokens; the text starts after at most HEADER_LIMIT of them
-    assert chunks > 700 and first < total / 4, (first, total)
-    print(f"first text after {first:.2f} s of {total:.2f} s ({chunks} chunks)")
-    assert HEADER_LIMIT <= 64
+    assert before_the_end, "the headerless answer was shown only at its end"
+    assert "".join(parts).startswith("word0. word1.") and "".join(parts).endswith("word399.")
+    assert len(parts) > 1
 
 
 def test_a_stream_closed_before_it_is_read_stops_the_engine() -> None:
@@ -625,3 +658,34 @@ def test_a_stream_closed_before_it_is_read_stops_the_engine() -> None:
 
     with serving(eng) as up:
         assert asyncio.run(main()) == 1 and eng.active == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(("stop", "content"), [
+    (["###"], "Hello "),
+    (["lo ##"], "Hel"),  # ends inside a token: its text before the string is kept
+    ("there", "Hello ### "),  # a string, not a list, as the API allows
+    (["zzz", "# t"], "Hello ##"),
+    (["never"], "Hello ### there"),
+], ids=["token", "straddling", "string", "second-of-two", "no-match"])
+def test_stop_strings_end_the_answer(gateway: str, engine: tuple[Engine, str], stream: bool,
+                                     stop: list[str] | str, content: str) -> None:
+    """The engine (as SGLang) stops at a stop string, cuts it from its text but keeps the token that
+    completed it in its ids: the gateway, which reads ids, must cut the answer there itself."""
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "say:Hello ### there"}],
+                            "stop": stop, "max_tokens": 100}
+    if stream:
+        parts, reasons = [], []
+        for chunk in client(gateway).chat.completions.create(**body, stream=True):
+            for c in chunk.choices:
+                parts.append(c.delta.content or "")
+                reasons += [c.finish_reason] if c.finish_reason else []
+        got, reason = "".join(parts), reasons
+        assert reason == ["stop"]
+    else:
+        r = client(gateway).chat.completions.create(**body)
+        got = r.choices[0].message.content or ""
+        assert r.choices[0].finish_reason == "stop"
+        assert r.choices[0].message.reasoning_content == "Think."  # type: ignore[attr-defined]
+    assert got == content
+    assert engine[0].requests[-1]["stop"] == ([stop] if isinstance(stop, str) else stop)  # asked of the engine too

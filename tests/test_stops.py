@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.openai.stops import OutputEnd
 from harmonykit.tokens import CALL, RETURN
 
@@ -48,7 +49,7 @@ def test_the_engines_stop_token_is_kept_not_doubled() -> None:
     assert out == ids and out.count(CALL) == 1 and RETURN not in out
 
 
-@settings(max_examples=300, deadline=None)
+@examples(300)
 @given(st.text(st.sampled_from("ab #\n\u00e9\u4e2d"), max_size=40),
        st.lists(st.text(st.sampled_from("ab #\u00e9"), min_size=1, max_size=3), max_size=3),
        st.booleans())

@@ -19,10 +19,11 @@ from typing import Any
 
 import openai
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 from real.servers import SERVED, vllm_server
 from strategies import assistant_turns
@@ -118,7 +119,7 @@ def test_responses_endpoint_with_the_plugin(vllm: str, stream: bool) -> None:
         assert "<|" not in text
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(300, suppress_health_check=[HealthCheck.too_slow])
 @given(assistant_turns(), st.booleans())
 def test_well_formed_output_reads_as_without_the_plugin(messages: list[hk.Message], returned: bool) -> None:
     """On well-formed output vLLM reads exactly what it reads without the plugin: token by token

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import harmonykit as hk
+from budget import examples
 from harmonykit import vocab
 
 
@@ -104,7 +105,7 @@ _PIECES = ["<|start|>", "<|end|>", "<|reserved_200020|>", "<|constrain|>", "<|",
            "<|channel|>x", "<|start|", "\n", "😊"]
 
 
-@settings(max_examples=400, deadline=None)
+@examples(400)
 @given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=5)), max_size=12),
        st.sampled_from(["all", frozenset({"<|start|>", "<|end|>"}), frozenset()]))
 def test_encode_with_special_tokens_is_tiktokens(pieces: list[str], allowed: Any) -> None:
@@ -116,7 +117,7 @@ def test_encode_with_special_tokens_is_tiktokens(pieces: list[str], allowed: Any
     assert enc.encode(text, allowed_special=allowed, disallowed_special=()) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@examples(300)
 @given(st.lists(st.one_of(st.integers(0, 201100), st.integers(195000, 201100), st.integers(-5, 2**33)),
                 max_size=40))
 def test_special_positions_is_the_plain_scan(ids: list[int]) -> None:

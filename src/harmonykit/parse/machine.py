@@ -210,6 +210,7 @@ class Machine:
         self._loose_role: Role | None = None
         self._loose_repairs = 0  # len(repairs) before the header was read as a body
         self._tail = ""
+        self._tail_fields = False  # the tail holds more than white space
         # The body being read: its header, its text delta by delta, bytes not yet
         # valid UTF-8, the reference's undecodable tail (strict), the joined text.
         self.header: Header | None = None
@@ -592,15 +593,39 @@ class Machine:
 
     def _add_text(self, text: str) -> None:
         if self._loose:
-            text = self._tail + text
-            m = _MAYBE_FIELDS.search(text)
-            cut = m.start() if m else len(text)
-            text, self._tail = text[:cut], text[cut:]
+            text = self._hold_back(text)
         if text:
             self.parts.append(text)
             self.last_content_delta = text
         else:
             self.last_content_delta = None
+
+    def _hold_back(self, text: str) -> str:
+        """Of a loose body's new text, what may be shown now; the rest waits in ``_tail``.
+
+        A loose body may still become a header (``_body_message``), and then its text before
+        the fields is a message of its own, stripped: so both what may be header fields and
+        trailing white space are held until later text (or the body's end) decides. What is
+        shown is never taken back. The tail is searched apart from the new text when it is
+        only white space, so a long run of it is not searched again and again."""
+        tail = self._tail
+        if self._tail_fields:  # fields held: search them with what follows
+            text = tail + text
+            m = _MAYBE_FIELDS.search(text)
+            cut = m.start() if m else len(text.rstrip())
+        elif text.isspace():
+            self._tail = tail + text
+            return ""
+        else:
+            m = _MAYBE_FIELDS.search(text)
+            if m and m.start() == 0:  # "to=..." right after held white space: all of it held
+                cut = 0
+            else:
+                cut = len(tail) + (m.start() if m else len(text.rstrip()))
+            text = tail + text
+        self._tail = text[cut:]
+        self._tail_fields = not self._tail.isspace() and bool(self._tail)
+        return text[:cut]
 
     def _body_invalid(self, token: int, index: int) -> None:
         if self.strict:
@@ -691,7 +716,7 @@ class Machine:
         self.pending = bytearray()
         self._poisoned = []
         self._joined, self._joined_parts = "", 0
-        self._loose, self._tail = False, ""
+        self._loose, self._tail, self._tail_fields = False, "", False
 
     def content_tokens(self) -> list[int]:
         """The body re-encoded delta by delta (what the reference's state shows)."""
