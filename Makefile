@@ -41,7 +41,7 @@ bench: $(STAMP)
 # tries FUZZ times its examples (tests/budget.py). Failures are kept in .hypothesis/ and replayed.
 FUZZ ?= 50
 fuzz: $(STAMP)
-	HARMONYKIT_FUZZ=$(FUZZ) $(BIN)/pytest -q -p no:randomly -m "not real_engines" \
+	HARMONYKIT_FUZZ=$(FUZZ) $(BIN)/pytest -q -m "not real_engines" \
 		$$(grep -l "@given\|@SETTINGS\|@examples" tests/test_*.py)
 
 # One-line bugs applied to the core and the gateway, each against the tests that cover it

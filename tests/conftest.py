@@ -21,10 +21,10 @@ atexit.register(shutil.rmtree, _VOCAB_DIR, True)
 export_vocabulary(_VOCAB_DIR)
 os.environ["TIKTOKEN_ENCODINGS_BASE"] = _VOCAB_DIR
 
-import budget  # noqa: E402, F401  (hypothesis's profile, chosen before any test module is imported)
 import openai_harmony  # noqa: E402
 import pytest  # noqa: E402
 
+import budget  # noqa: E402, F401  (hypothesis's profile, chosen before any test module is imported)
 import harmonykit  # noqa: E402
 
 # Golden files and wild cases: shared/ beside the checkout when it is there (it

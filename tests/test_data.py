@@ -18,7 +18,7 @@ import harmonykit as hk
 from budget import examples
 from harmonykit.data import IGNORE, parse_example, render_example
 from harmonykit.data.batch import ParseBatches, RenderBatches, parse_batch, render_batch
-from harmonykit.openai import render_chat_request
+from reference_mapping import reference_messages
 
 ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
 RETURN, END, START = 200002, 200007, 200006
@@ -57,8 +57,8 @@ def records(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _reference_messages(record: dict[str, Any]) -> list[Any]:
-    convo = render_chat_request(ENC, record).conversation
-    return list(oh.Conversation.from_json(convo.to_json()).messages)
+    """The record's conversation in the reference's own classes, built by hand (not by harmonykit)."""
+    return reference_messages(record)
 
 
 @examples(120, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseOutputItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 import harmonykit as hk
@@ -183,8 +183,9 @@ def test_responses_items(enc: hk.HarmonyEncoding) -> None:
     assert [i["type"] for i in items] == ["reasoning", "function_call"]
     assert items[0]["content"][0]["text"] == "Need weather."
     assert (items[1]["name"], items[1]["arguments"]) == ("get_weather", '{"city":"Paris"}')
+    output_item = TypeAdapter(ResponseOutputItem)
     for item in items:
-        TypeAdapter(Any).validate_python(item)
+        assert output_item.validate_python(item, strict=True).model_dump(exclude_unset=True) == item
     length = ResponsesStream(enc)
     events = length.feed(enc.encode("<|channel|>final<|message|>partial", allowed_special="all"))
     events += length.close("length")

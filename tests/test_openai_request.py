@@ -17,6 +17,8 @@ from harmonykit.openai import (
     render_chat_request,
     render_responses_request,
 )
+from reference_mapping import reference_prompt as reference_of
+from reference_mapping import rendered_name
 from test_parse_differential import _ENC
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -279,8 +281,10 @@ _chat_messages = st.lists(st.one_of(
 @examples(150, suppress_health_check=[HealthCheck.too_slow])
 @given(_chat_messages, st.lists(_names, unique=True, max_size=2), st.sampled_from([None, "low", "high"]),
        st.booleans())
-def test_cached_head_renders_like_the_whole_conversation(messages: list[dict[str, Any]], tools: list[str],
+def test_cached_head_renders_like_the_whole_conversation(ref: Any, messages: list[dict[str, Any]], tools: list[str],
                                                          effort: str | None, with_format: bool) -> None:
+    """Cold, then from the caches: the tokens the reference renders for the conversation that the
+    request stands for, built by hand with the reference's own classes (tests/reference_mapping.py)."""
     from harmonykit.openai.request import HEAD_CACHE
 
     request: dict[str, Any] = {"messages": messages, "tools": [fn(n) for n in tools]}
@@ -288,11 +292,15 @@ def test_cached_head_renders_like_the_whole_conversation(messages: list[dict[str
         request["reasoning_effort"] = effort
     if with_format:
         request["response_format"] = {"type": "json_object"}
+    called = {m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")}
+    messages += [{"role": "tool", "tool_call_id": "c1", "content": "ok"}] if called else []
+    expected = reference_of(ref, request)
     for _ in range(2):  # cold, then from the cache
         prompt = render_chat_request(_ENC, request)
+        assert prompt.tokens == expected
         assert prompt.tokens == _ENC.render_conversation_for_completion(prompt.conversation, hk.Role.ASSISTANT)
     HEAD_CACHE.clear()
-    assert render_chat_request(_ENC, request).tokens == prompt.tokens
+    assert render_chat_request(_ENC, request).tokens == expected
 
 
 def test_cache_does_not_hide_errors(enc: hk.HarmonyEncoding) -> None:
@@ -387,11 +395,13 @@ def test_varied_heads_render_as_the_reference_renders_them(ref: Any, instruction
         request["tool_choice"] = choice
     if with_format:
         request["response_format"] = {"type": "json_object"}
-    try:
-        first = render_chat_request(_ENC, request)
-    except RequestError:  # names that render alike
+    names = [rendered_name(t["function"]["name"] if "function" in t else t["name"]) for t in tools]
+    if len(set(names)) < len(names):  # names that render alike: refused, cold and cached, naming them
+        for _ in range(2):
+            with pytest.raises(RequestError) as refused:
+                render_chat_request(_ENC, request)
+            assert refused.value.param is not None and refused.value.param.startswith("tools")
         return
-    convo = oh.Conversation.from_json(first.conversation.to_json())
-    expected = ref.render_conversation_for_completion(convo, oh.Role.ASSISTANT)
-    assert first.tokens == expected
+    expected = reference_of(ref, request)
+    assert render_chat_request(_ENC, request).tokens == expected
     assert render_chat_request(_ENC, request).tokens == expected

@@ -167,20 +167,40 @@ def test_stop_and_complete(enc: hk.HarmonyEncoding, text: str, stop: str | None,
     assert (result.stop, result.complete) == (stop, complete)
 
 
-@pytest.mark.parametrize("cut", range(1, 12))
-def test_truncation_anywhere(enc: hk.HarmonyEncoding, cut: int) -> None:
-    text = "<|channel|>analysis<|message|>Think 😊<|end|><|start|>assistant<|channel|>final<|message|>Héllo"
+# 🦜 is three tokens (b"\xf0\x9f", b"\xa6", b"\x9c"): a cut can fall inside the character.
+_SPLIT_CHAR = "🦜"
+
+
+def test_truncation_anywhere(enc: hk.HarmonyEncoding) -> None:
+    """An output cut after any token: every token accounted for, each message recovered is the
+    start of the message the whole output gives (a character cut in two ends it in U+FFFD, with
+    an invalid_utf8 repair), and only a cut between messages is complete."""
+    assert len(enc.encode(_SPLIT_CHAR)) == 3
+    text = (f"<|channel|>analysis<|message|>Think {_SPLIT_CHAR}.<|end|><|start|>assistant<|channel|>final"
+            f"<|message|>Héllo {_SPLIT_CHAR}")
     tokens = enc.encode(text, allowed_special="all")
+    full = enc.parse_completion(tokens)
+    assert [(m.channel, m.content[0].text) for m in full.messages] == [  # type: ignore[union-attr]
+        ("analysis", f"Think {_SPLIT_CHAR}."), ("final", f"Héllo {_SPLIT_CHAR}")]
+    between = {0, tokens.index(200007) + 1}
     for n in range(len(tokens) + 1):
-        bytes_cut = tokens[:n]
-        result = enc.parse_completion(bytes_cut)
+        result = enc.parse_completion(tokens[:n])
         assert_accounted(result, n)
-    # Cut inside a multi-byte character: the character becomes U+FFFD, with a repair.
-    emoji = enc.encode("😊")
-    if len(emoji) > 1:
-        result = enc.parse_completion(enc.encode("<|channel|>final<|message|>", allowed_special="all") + emoji[:1])
-        assert result.messages[0].content[0].text.endswith("\ufffd")  # type: ignore[union-attr]
-        assert "invalid_utf8" in {r.kind for r in result.repairs}
+        assert result.complete == (n in between), n
+        assert len(result.messages) <= len(full.messages)
+        for got, whole in zip(result.messages, full.messages, strict=False):
+            assert got.channel == whole.channel
+            shown, kept = got.content[0].text, whole.content[0].text  # type: ignore[union-attr]
+            if shown.endswith("\ufffd"):
+                assert kept.startswith(shown[:-1]) and not kept.startswith(shown), (n, shown)
+                assert "invalid_utf8" in {r.kind for r in result.repairs}, n
+            else:
+                assert kept.startswith(shown), (n, shown)
+    # A body that ends inside a character: one U+FFFD for the bytes that came, with a repair.
+    head = enc.encode("<|channel|>final<|message|>", allowed_special="all")
+    result = enc.parse_completion(head + enc.encode(_SPLIT_CHAR)[:1])
+    assert result.messages[0].content[0].text == "\ufffd"  # type: ignore[union-attr]
+    assert [r.kind for r in result.repairs] == ["invalid_utf8"]
 
 
 @pytest.mark.parametrize("ids", [[-1], [2**40], [201089, 5], [200008, 9999999, 200007]])
@@ -352,3 +372,32 @@ def test_a_channel_name_after_constrain_is_no_content_type(enc: hk.HarmonyEncodi
     result = enc.parse_completion(enc.encode(text, allowed_special="all"))
     assert [m.content_type for m in result.messages] == [None]
     assert result.messages[0].channel in ("final", "analysis")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # read at the end of the stream (the header never reached <|message|>)
+    ('analysisLet me think. assistantcommentary to=functions.get_weather json{"city": "Paris"}',
+     [("analysis", None, "Let me think.", (0, 6)),
+      ("commentary", "functions.get_weather", '{"city": "Paris"}', (6, 20))]),
+    # read once the header passes HEADER_LIMIT: the answer streams, the reasoning is emitted before it
+    ("analysisLet me think. assistantfinal" + " word" * 80,
+     [("analysis", None, "Let me think.", (0, 6)), ("final", None, "word" + " word" * 79, (6, 87))]),
+    # a token that straddles the markup (".ass") stays with the message its first bytes belong to
+    ("analysisThinking it over.assistantfinalThe answer is 4.",
+     [("analysis", None, "Thinking it over.", (0, 5)), ("final", None, "The answer is 4.", (5, 13))]),
+], ids=["at-the-end", "past-the-bound", "straddling-token"])
+def test_stripped_markup_splits_at_the_right_token(enc: hk.HarmonyEncoding, text: str,
+                                                   expected: list[tuple[Any, ...]]) -> None:
+    """Markup with its special tokens stripped ("analysis...assistantfinal..."): each message's span
+    ends at the token after its body, the role word that follows included; batch and stream agree."""
+    tokens = enc.encode(text)
+    result = enc.parse_completion(tokens, hk.Role.ASSISTANT)
+    got = [(m.channel, m.recipient, m.content[0].text, span)  # type: ignore[union-attr]
+           for m, span in zip(result.messages, result.spans, strict=True)]
+    assert got == expected
+    assert result.skipped == [] and [r.kind for r in result.repairs] == ["stripped_markup"]
+    p = hk.StreamableParser(enc, hk.Role.ASSISTANT, strict=False)
+    for t in tokens:
+        p.process(t)
+    p.process_eos()
+    assert p.result() == result
