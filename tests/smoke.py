@@ -22,10 +22,10 @@ def main() -> None:
     assert choice["message"]["content"] == "Hi", choice
     cli = Path(sys.executable).parent / "harmonykit"
     out = subprocess.run([str(cli), "parse", "-"], input="<|channel|>final<|message|>Hi<|return|>\n",
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, timeout=120).stdout
     assert json.loads(out)["messages"][0]["content"][0]["text"] == "Hi", out
     version = subprocess.run([sys.executable, "-m", "harmonykit", "--version"], capture_output=True, text=True,
-                             check=True).stdout
+                             check=True, timeout=120).stdout
     assert version.strip() == f"harmonykit {harmonykit.__version__}", version
     print(f"wheel smoke test passed: harmonykit {harmonykit.__version__} from {Path(harmonykit.__file__).parent}")
 

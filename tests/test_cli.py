@@ -89,13 +89,13 @@ def test_inspect_marks_repairs(capsys: pytest.CaptureFixture[str]) -> None:
 def test_help_everywhere() -> None:
     for cmd in ([], ["parse"], ["render"], ["inspect"]):
         proc = subprocess.run([sys.executable, "-m", "harmonykit.cli", *cmd, "--help"], capture_output=True,
-                              text=True, check=False)
+                              text=True, check=False, timeout=120)
         assert proc.returncode == 0 and "usage: harmonykit" in proc.stdout
 
 
 def test_core_does_not_import_the_cli() -> None:
     code = "import sys, harmonykit; print('harmonykit.cli' in sys.modules, 'argparse' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert proc.stdout.split()[0] == "False"
 
 

@@ -154,12 +154,17 @@ def test_progress_on_a_terminal_and_none_when_piped(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text((GOOD + "\n") * 50, encoding="utf-8")
     args = [sys.executable, "-m", "harmonykit", "data", "render", str(src), "-o", str(tmp_path / "o.jsonl")]
+    import select
+
     master, slave = pty.openpty()
+    proc = None
     try:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
         os.close(slave)
         seen = b""
         while True:
+            if not select.select([master], [], [], 120)[0]:  # a guard against a hang, not a bound
+                raise AssertionError("the CLI wrote nothing to its terminal for 120 s")
             try:
                 piece = os.read(master, 4096)
             except OSError:  # the child closed the terminal
@@ -169,6 +174,9 @@ def test_progress_on_a_terminal_and_none_when_piped(tmp_path: Path) -> None:
             seen += piece
         assert proc.wait(timeout=120) == 0
     finally:
+        if proc is not None and proc.poll() is None:  # the test failed with the CLI still running
+            proc.kill()
+            proc.wait(30)
         os.close(master)
     text = seen.decode()
     assert "\r50 records" in text and "records/s" in text and "tokens/s" in text, text
@@ -180,7 +188,8 @@ def _peak_rss_mb(args: list[str]) -> float:
     """The largest resident size (MB) of the CLI and the workers it starts."""
     import subprocess
 
-    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True, "
+             "timeout=280); "
              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "harmonykit", *args],
                          capture_output=True, text=True, timeout=300, check=True)

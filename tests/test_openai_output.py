@@ -260,7 +260,7 @@ def test_repairs_are_visible(enc: hk.HarmonyEncoding) -> None:
 
 def test_openai_package_is_not_imported() -> None:
     code = "import sys, harmonykit.openai; print('openai' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert proc.stdout.strip() == "False"
 
 

@@ -353,3 +353,37 @@ def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str, stream: 
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         wait("Added request", added, "the request never reached the engine")
     wait("Aborted request", aborted, "the engine was never told the client left")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_vllm_logits_processor_holds_vllm_to_the_grammar(vllm: str, seed: int) -> None:
+    """The shipped HarmonyVLLMLogitsProcessor, loaded by the real vLLM (--logits-processors) and
+    asked for per request (vllm_xargs): the random model, pushed towards control tokens, writes
+    only what the request's grammar admits, and a required call parses strictly."""
+    from harmonykit.grammar.matcher import HarmonyMatcher
+
+    req = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": TOOLS, "tool_choice": "required"}
+    prompt = render_chat_request(ENC, req).tokens
+    r = httpx.post(vllm + "/v1/completions", json={
+        "model": SERVED, "prompt": prompt, "max_tokens": 200, "seed": seed, "return_token_ids": True,
+        "skip_special_tokens": False, "stop_token_ids": [RETURN, CALL], "logit_bias": {**NOISE, **TERSE},
+        "vllm_xargs": {"harmony_request": json.dumps(req)}}, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    ids = list(choice["token_ids"])
+    if ids[-1] not in (RETURN, CALL) and choice.get("stop_reason") in (RETURN, CALL):
+        ids.append(choice["stop_reason"])  # vLLM names a stop_token_ids token instead of returning it
+    matcher = HarmonyMatcher(ENC, req)
+    for t in ids:
+        assert matcher.consume(t), f"token {t} is outside the grammar: {ENC.decode(ids)!r}"
+    if choice["finish_reason"] == "length":
+        return  # cut off: every token was still admitted
+    assert matcher.is_complete() and ids[-1] == CALL
+    messages = ENC.parse_messages_from_completion_tokens(ids, hk.Role.ASSISTANT, strict=True)
+    assert messages[-1].recipient == "functions.get_weather"
+    jsonschema.validate(json.loads(messages[-1].content[0].text), WEATHER)  # type: ignore[union-attr]
+    # without vllm_xargs the same request is untouched: the noise shows
+    free = httpx.post(vllm + "/v1/completions", json={
+        "model": SERVED, "prompt": prompt, "max_tokens": 48, "seed": seed, "return_token_ids": True,
+        "skip_special_tokens": False, "logit_bias": NOISE}, timeout=120).json()["choices"][0]["token_ids"]
+    assert not all(HarmonyMatcher(ENC, req).consume(t) for t in free)

@@ -299,7 +299,7 @@ def test_a_whole_answers_client_disconnect_cancels_the_upstream_request() -> Non
         with pytest.raises(openai.APITimeoutError):
             client(gw, timeout=0.5).chat.completions.create(model=MODEL,
                                                             messages=[{"role": "user", "content": "fault:slow"}])
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a guard: the loop ends when it happens
         while eng.cancelled < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert eng.cancelled == 1 and eng.active == 0
@@ -315,7 +315,7 @@ def test_client_disconnect_cancels_the_upstream_request() -> None:
                                            stream=True)
         next(iter(stream))
         stream.close()  # the client goes away mid-stream
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a guard: the loop ends when it happens
         while eng.cancelled < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert eng.cancelled == 1 and eng.active == 0
@@ -326,8 +326,7 @@ def test_client_disconnect_cancels_the_upstream_request() -> None:
 def test_matches_the_mapping_exactly(gateway: str, engine: tuple[Engine, str]) -> None:
     """A Responses answer is the mapping's result for the engine's tokens (ids aside)."""
     eng, _ = engine
-    if not eng.token_ids:
-        pytest.skip("text-only engines re-encode: token counts may differ")
+    assert eng.token_ids  # the module's engine returns ids (a text-only one re-encodes: counts may differ)
     enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
     case = WILD["wild-002"]
     got = client(gateway).responses.create(model=MODEL, input="case:wild-002").model_dump(exclude_none=True)
@@ -349,7 +348,7 @@ def test_serve_command_smoke(tmp_path: Any) -> None:
                                  "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a guard: the loop ends when it is up
             while True:
                 try:
                     if _raw(base, "/health")[0] == 200:
@@ -649,7 +648,7 @@ def test_a_stream_closed_before_it_is_read_stops_the_engine() -> None:
         try:
             stream = await upstream.stream(Job(prompt, {}, 100), MODEL, enc)
             await stream.aclose()  # never read
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 60  # a guard: the loop ends when it happens
             while eng.cancelled < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             return eng.cancelled

@@ -90,7 +90,7 @@ def make_gguf(folder: Path, llama_cpp: Path, out: Path) -> Path:
     tmp = out.with_suffix(".part")
     subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder),
                     "--outfile", str(tmp), "--outtype", "f32"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, timeout=1800)
     tmp.rename(out)
     return out
 

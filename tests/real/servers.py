@@ -87,16 +87,6 @@ def _process(cmd: list[str], env: dict[str, str], url: str, within: float) -> It
                 proc.wait(10)
 
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-def install_checkout() -> None:
-    """This checkout of harmonykit into vLLM's venv (editable: its plugin entry point is
-    registered, and vLLM, torch and the rest stay as they are)."""
-    subprocess.run([str(ROOT / "vllm" / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    "--disable-pip-version-check", "-e", str(CHECKOUT)], check=True)
-
-
 @contextlib.contextmanager
 def vllm_server(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """vLLM 0.32 (CPU) serving the tiny gpt-oss as ``tiny-gpt-oss``; yields its base URL."""

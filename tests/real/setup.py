@@ -9,13 +9,17 @@ under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
 - ``llamacpp/``: a venv with ``xllamacpp`` (llama.cpp's own server, built with LLGuidance);
 - ``llama.cpp/``: ``convert_hf_to_gguf.py`` and ``gguf-py`` from the llama-cpp-python
   source archive (the llama.cpp it bundles);
-- ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF.
+- ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF;
+- this checkout of harmonykit, installed editable in vLLM's venv (its plugin entry point and
+  logits processor are then what vLLM loads), again whenever the checkout or its
+  ``pyproject.toml`` changes: set-up belongs here, never in a test.
 
 Everything comes from the package registry; nothing is fetched at test time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -30,10 +34,11 @@ XLLAMACPP = "xllamacpp==2026.10.11549"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 ROOT = Path(os.environ.get("HARMONYKIT_ENGINES", Path.home() / ".cache" / "harmonykit" / "engines"))
 HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parents[1]
 
 
 def _run(*cmd: str | Path) -> None:
-    subprocess.run([str(c) for c in cmd], check=True)
+    subprocess.run([str(c) for c in cmd], check=True, timeout=3600)
 
 
 def _pip(venv: Path, *args: str) -> None:
@@ -79,9 +84,20 @@ def _llama_cpp_tree() -> Path:
     return tree
 
 
+def install_checkout(venv: Path) -> None:
+    """This checkout into vLLM's venv, editable (vLLM, torch and the rest stay as they are)."""
+    stamp = venv / ".harmonykit-checkout"
+    want = f"{CHECKOUT}\n{hashlib.sha256((CHECKOUT / 'pyproject.toml').read_bytes()).hexdigest()}\n"
+    if stamp.is_file() and stamp.read_text() == want:
+        return
+    _pip(venv, "-e", str(CHECKOUT))
+    stamp.write_text(want)
+    print(f"engines: this checkout ({CHECKOUT}) installed in {venv}", flush=True)
+
+
 def main() -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
-    _venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"])
+    install_checkout(_venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"]))
     _venv("llamacpp", XLLAMACPP)
     tree = _llama_cpp_tree()
     sys.path.insert(0, str(HERE))
