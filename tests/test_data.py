@@ -38,7 +38,7 @@ def records(draw: st.DrawFn) -> dict[str, Any]:
         messages.append({"role": "user", "content": draw(_text)})
         for _ in range(draw(st.integers(0, 2))):  # tool round trips
             calls += 1
-            msg: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
+            msg: dict[str, Any] = {"role": "assistant", "content": draw(st.one_of(st.none(), _text)), "tool_calls": [
                 {"id": f"c{calls}", "type": "function",
                  "function": {"name": "get weather", "arguments": json.dumps({"city": draw(_text)})}}]}
             if draw(st.booleans()):

@@ -273,8 +273,9 @@ _chat_messages = st.lists(st.one_of(
     st.builds(lambda t: {"role": "system", "content": t}, st.text(max_size=20)),
     st.builds(lambda r, c: {"role": "assistant", "reasoning_content": r, "content": c},
               st.text(max_size=10), st.text(min_size=1, max_size=10)),
-    st.builds(lambda n, a: {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": n, "arguments": a}}]}, _names, st.text(max_size=10)),
+    st.builds(lambda n, a, pre: {"role": "assistant", "content": pre, "tool_calls": [  # pre: a preamble, or none
+        {"id": "c1", "type": "function", "function": {"name": n, "arguments": a}}]}, _names, st.text(max_size=10),
+              st.one_of(st.none(), st.text(min_size=1, max_size=10))),
 ), min_size=1, max_size=6)
 
 

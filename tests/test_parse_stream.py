@@ -23,7 +23,7 @@ def one_by_one(tokens: list[int], role: hk.Role | None, tools: list[str] | None 
 
 
 def in_runs(tokens: list[int], role: hk.Role | None, cuts: list[int]) -> ParseResult:
-    m = _ENC._machine(role, strict=False)
+    m = _ENC.machine(role, strict=False)
     pos = 0
     for cut in sorted(set(cuts)) + [len(tokens)]:
         chunk = tokens[pos:cut]
@@ -164,9 +164,13 @@ _WORDS = [286, 15, 286, 16, 286, 17, 286, 18, 286, 19, 286, 20, 286, 21]  # " w0
 @pytest.mark.parametrize(("tail", "messages"), [
     ([198, 316, 28, 44580, 775, 170154, 200008], [(None, "w3"), ("functions.get_weather", "")]),
     ([198, 198, 220, 316, 28, 44580, 775, 170154, 200008], [(None, "w3"), ("functions.get_weather", "")]),
+    ([558, 316, 28, 44580, 775, 170154, 200008], [(None, "w3."), ("functions.get_weather", "")]),  # ".\n": one token
+    ([558, 198, 316, 28, 44580, 775, 170154, 200008], [(None, "w3."), ("functions.get_weather", "")]),
     ([198, 286, 15, 200007], [(None, "w3\n w0")]),  # white space held, then shown with what follows
+    ([558, 286, 15, 200007], [(None, "w3.\n w0")]),
     ([198, 200002], [(None, "w3\n")]),  # and kept at the end, never dropped
-], ids=["newline-then-recipient", "blank-run-then-recipient", "newline-then-words", "newline-at-end"])
+], ids=["newline-then-recipient", "blank-run-then-recipient", "stop-newline-then-recipient",
+        "stop-newline-newline-then-recipient", "newline-then-words", "stop-newline-then-words", "newline-at-end"])
 def test_a_loose_body_never_shows_what_a_header_takes_back(tail: list[int],
                                                              messages: list[tuple[str | None, str]]) -> None:
     tokens = _WORDS * 4 + [286, 15, 286, 16, 286, 17, 286, 18] + tail

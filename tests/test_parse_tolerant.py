@@ -167,6 +167,13 @@ def test_stop_and_complete(enc: hk.HarmonyEncoding, text: str, stop: str | None,
     assert (result.stop, result.complete) == (stop, complete)
 
 
+def _streamed(enc: hk.HarmonyEncoding, tokens: list[int]) -> Any:
+    p = hk.StreamableParser(enc, hk.Role.ASSISTANT, strict=False)
+    for t in tokens:
+        p.process(t)
+    return p.process_eos().result()
+
+
 # 🦜 is three tokens (b"\xf0\x9f", b"\xa6", b"\x9c"): a cut can fall inside the character.
 _SPLIT_CHAR = "🦜"
 
@@ -196,8 +203,14 @@ def test_truncation_anywhere(enc: hk.HarmonyEncoding) -> None:
                 assert "invalid_utf8" in {r.kind for r in result.repairs}, n
             else:
                 assert kept.startswith(shown), (n, shown)
-    # A body that ends inside a character: one U+FFFD for the bytes that came, with a repair.
     head = enc.encode("<|channel|>final<|message|>", allowed_special="all")
+    # A character cut short inside a body: U+FFFD where it was, a repair naming its token, and
+    # the text after it kept (batch and stream alike).
+    bad = head + enc.encode(_SPLIT_CHAR)[:1] + enc.encode("ok") + [200002]
+    for result in (enc.parse_completion(bad), _streamed(enc, bad)):
+        assert result.messages[0].content[0].text == "\ufffdok"  # type: ignore[union-attr]
+        assert [(r.kind, r.start, r.end) for r in result.repairs] == [("invalid_utf8", len(head), len(head) + 1)]
+    # A body that ends inside a character: one U+FFFD for the bytes that came, with a repair.
     result = enc.parse_completion(head + enc.encode(_SPLIT_CHAR)[:1])
     assert result.messages[0].content[0].text == "\ufffd"  # type: ignore[union-attr]
     assert [r.kind for r in result.repairs] == ["invalid_utf8"]

@@ -2,6 +2,8 @@
 
 Data, not code: the exact descriptions and schemas the model expects, as in the
 reference's golden renderings (shared/reference/openai-harmony/test-data).
+
+The texts are openai-harmony's, verbatim (Apache-2.0, Copyright OpenAI); see NOTICE.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
@@ -20,7 +20,7 @@ from .model import (
     RenderOptions,
     Role,
 )
-from .parse.machine import HeaderCache, Machine, check_role, check_tools
+from .parse.machine import HeaderCache, Machine, MachineIO, check_role, check_tools
 from .parse.result import ParseResult
 from .render import Renderer
 from .tokens import (
@@ -254,19 +254,26 @@ class HarmonyEncoding:
 
     # -- parsing ---------------------------------------------------------------
 
-    def _machine_io(
-        self,
-    ) -> tuple[Callable[[int], bytes], dict[int, str], Callable[[Sequence[int]], bytes],
-               Callable[[str], list[int]], HeaderCache]:
-        """What the parser needs of the vocabulary: token bytes, their text, run decoding,
-        encoding, and the well-formed headers read so far."""
-        return (self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._ordinary,
-                self._header_cache)
+    @functools.cached_property
+    def machine_io(self) -> MachineIO:
+        """What the parser's state machine needs of this vocabulary (``parse.machine.MachineIO``)."""
+        return MachineIO(self._token_bytes, self._str_cache, self._bpe.decode_bytes, self._ordinary,
+                         self._header_cache)
 
-    def _machine(
-        self, role: Role | None, *, strict: bool, tools: Iterable[str] | None = None
-    ) -> Machine:
-        return Machine(*self._machine_io(), check_role(role), strict=strict, tools=check_tools(tools))
+    def machine(self, role: Role | None, *, strict: bool = False,
+                tools: Iterable[str] | None = None) -> Machine:
+        """The parser's state machine over this vocabulary, sans I/O: ``feed(token)``,
+        ``feed_text(run)`` (ordinary tokens at once), ``end()``, then ``result()``.
+
+        >>> from harmonykit import load_harmony_encoding, Role
+        >>> enc = load_harmony_encoding("HarmonyGptOss")
+        >>> m = enc.machine(Role.ASSISTANT)
+        >>> for t in enc.encode("<|channel|>final<|message|>Hi", allowed_special="all"):
+        ...     _ = m.feed(t)
+        >>> m.end().result().complete
+        False
+        """
+        return Machine(self.machine_io, check_role(role), strict=strict, tools=check_tools(tools))
 
     def _run(self, machine: Machine, tokens: Iterable[int]) -> None:
         toks, specials = special_positions(tokens)
@@ -292,7 +299,7 @@ class HarmonyEncoding:
 
         ``strict=False`` is the tolerant parser: it never raises.
         """
-        machine = self._machine(role, strict=strict)
+        machine = self.machine(role, strict=strict)
         self._run(machine, tokens)
         return machine._messages
 
@@ -313,7 +320,7 @@ class HarmonyEncoding:
         >>> r.messages[0].recipient, r.stop, [x.kind for x in r.repairs]
         ('Get Weather', 'call', ['recipient_with_spaces'])
         """
-        machine = self._machine(role, strict=strict, tools=tools)
+        machine = self.machine(role, strict=strict, tools=tools)
         self._run(machine, tokens)
         return machine.result()
 

@@ -46,6 +46,11 @@ _PIECE_CACHE_LIMIT = 4096
 SECTION_CACHE_BYTES = 8 << 20
 
 
+def end_token(role: Role, recipient: str | None) -> int:
+    """The token a rendered message ends with: ``<|call|>`` for an assistant's tool call."""
+    return CALL if role is Role.ASSISTANT and recipient is not None else END
+
+
 class Renderer:
     """Renders model objects with one BPE; caches the short header pieces it encodes."""
 
@@ -84,7 +89,7 @@ class Renderer:
         out += self.header(role, author.name, recipient, message.channel, message.content_type)
         for content in message.content:
             self._render_content(content, role, has_function_tools, out)
-        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+        out.append(end_token(role, recipient))
 
     def render_text(self, role: Role, name: str | None, recipient: str | None, channel: str | None,
                     content_type: str | None, text: str, out: list[int]) -> None:
@@ -93,7 +98,7 @@ class Renderer:
         header = self._headers.get((role, name, recipient, channel, content_type))
         out += header if header is not None else self.header(role, name, recipient, channel, content_type)
         out += self._encode(text)
-        out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
+        out.append(end_token(role, recipient))
 
     def render_developer(self, instructions: str | None, tools: list[str], text: str | None,
                          out: list[int]) -> None:

@@ -6,6 +6,9 @@ above the property, string defaults of enums are unquoted, only string
 ``examples`` are listed, and JSON values in ``default`` comments are printed the
 way Rust's serde_json prints them.
 
+The behaviour follows openai-harmony's Rust renderer (Apache-2.0, Copyright OpenAI) branch by
+branch; see NOTICE.
+
 >>> print(schema_to_typescript({"type": "object", "properties": {"n": {"type": "integer"}}}, ""))
 {
 n?: number,

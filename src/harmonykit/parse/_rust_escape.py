@@ -3,7 +3,8 @@ built with Rust's Unicode 16 tables) printed them: not printable, or grapheme-ex
 
 Data, measured: every code point was put through the reference's error text and
 read back (tests/test_parse_reference.py checks a sample again on each run). It
-does not depend on the running Python's Unicode database.
+does not depend on the running Python's Unicode database. Measured from openai-harmony
+(Apache-2.0, Copyright OpenAI); see NOTICE.
 """
 
 from __future__ import annotations

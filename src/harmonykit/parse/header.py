@@ -7,6 +7,9 @@
   names each repair it makes) is built from: a header's text with the tokens
   behind each character (``decode_header``), its words, and what a word may be
   (a channel in disguise, a plausible recipient, a content type).
+
+``parse_reference`` follows openai-harmony's header parsing (Apache-2.0, Copyright OpenAI)
+rule for rule; see NOTICE.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -137,6 +138,20 @@ TOLERANT: Final[dict[StreamState, dict[Kind, str]]] = {
 }
 
 
+@dataclass(frozen=True)
+class MachineIO:
+    """What the parser needs of a vocabulary (``HarmonyEncoding.machine_io``): an ordinary
+    token's bytes; a map from ids to their text when the bytes are UTF-8 on their own ("" when
+    not), filled as tokens are met; a run's bytes; text to ordinary tokens; and the well-formed
+    headers read so far. The machine does no I/O of its own: this is all it reads."""
+
+    token_bytes: Callable[[int], bytes]
+    str_cache: dict[int, str]
+    decode_run: Callable[[Sequence[int]], bytes]
+    encode_text: Callable[[str], list[int]]
+    header_cache: HeaderCache
+
+
 def check_role(role: object) -> Role | None:
     """A role argument: a ``Role``, its value (``"assistant"``), or None."""
     if role is None or isinstance(role, Role):
@@ -157,32 +172,31 @@ def check_tools(tools: object) -> frozenset[str] | None:
 
 
 class Machine:
-    """The Harmony parser's state machine (see the module docstring).
-
-    ``token_bytes(id)`` gives an ordinary token's bytes; ``str_cache`` maps ids
-    to their text when the bytes are UTF-8 on their own ("" when not), and is
-    filled as tokens are met. ``role`` is the
-    role whose header was already rendered (the prompt ended in
+    """The Harmony parser's state machine (see the module docstring), over a vocabulary's
+    ``MachineIO``. ``role`` is the role whose header was already rendered (the prompt ended in
     ``<|start|>assistant``), or None when output starts with ``<|start|>``.
+
+    >>> from harmonykit import load_harmony_encoding, Role
+    >>> enc = load_harmony_encoding("HarmonyGptOss")
+    >>> m = Machine(enc.machine_io, Role.ASSISTANT, strict=False)
+    >>> m.feed_text(enc.encode("Hi"))  # a header with no <|message|> yet
+    >>> [msg.content[0].text for msg in m.end().result().messages]
+    ['Hi']
     """
 
     def __init__(
         self,
-        token_bytes: Callable[[int], bytes],
-        str_cache: dict[int, str],
-        decode_run: Callable[[Sequence[int]], bytes],
-        encode_text: Callable[[str], list[int]],
-        header_cache: HeaderCache,
+        io: MachineIO,
         role: Role | None,
         *,
         strict: bool = True,
         tools: frozenset[str] | None = None,
     ) -> None:
-        self._token_bytes = token_bytes
-        self._str_cache = str_cache
-        self._decode_run = decode_run
-        self._encode_text = encode_text
-        self._header_cache = header_cache
+        self._token_bytes = io.token_bytes
+        self._str_cache = io.str_cache
+        self._decode_run = io.decode_run
+        self._encode_text = io.encode_text
+        self._header_cache = io.header_cache
         self.strict = strict
         self.tools = tools
         self._table = _STRICT_ACTIONS if strict else _TOLERANT_ACTIONS
@@ -216,6 +230,7 @@ class Machine:
         self.header: Header | None = None
         self.parts: list[str] = []
         self.pending = bytearray()
+        self._pending_at = 0  # the token the pending bytes began in
         self._poisoned: list[int] = []
         self._joined = ""
         self._joined_parts = 0
@@ -575,6 +590,9 @@ class Machine:
     def _body_bytes(self, data: bytes, index: int) -> None:
         # As the reference: decode what is pending; at most one bad sequence per
         # token becomes U+FFFD, and bytes after it wait for the next token.
+        held = len(self.pending)  # bytes of earlier tokens, from token _pending_at on
+        if not held:
+            self._pending_at = index
         self.pending += data
         try:
             text = self.pending.decode("utf-8")
@@ -586,9 +604,12 @@ class Machine:
             else:
                 text += REPLACEMENT
                 del self.pending[: e.end]
-                if not self.strict:
-                    self.repairs.append(Repair("invalid_utf8", index, index + 1,
+                if not self.strict:  # blamed on the tokens that hold the broken sequence
+                    self.repairs.append(Repair("invalid_utf8", self._pending_at if e.start < held else index,
+                                               index + 1 if e.end > held else index,
                                                "bytes that are not UTF-8 became U+FFFD"))
+            if self.pending and e.start >= held:
+                self._pending_at = index
         self._add_text(text)
 
     def _add_text(self, text: str) -> None:
@@ -701,7 +722,8 @@ class Machine:
         if self.pending:
             tail = bytes(self.pending).decode("utf-8", "replace")
             if not self.strict and tail.count(REPLACEMENT) > self.pending.count(REPLACEMENT.encode()):
-                self.repairs.append(Repair("invalid_utf8", end - 1, end,
+                # the tokens of the unfinished character, not the stop token after them
+                self.repairs.append(Repair("invalid_utf8", self._pending_at, end - (stop_token is not None),
                                            "the body ended inside a UTF-8 character"))
             text += tail
         self._emit(header, text, end)

@@ -52,7 +52,7 @@ class StreamableParser(Machine):
         if not isinstance(encoding, HarmonyEncoding):
             raise TypeError("encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "
                             f"got {type(encoding).__name__}")
-        super().__init__(*encoding._machine_io(), check_role(role), strict=strict, tools=check_tools(tools))
+        super().__init__(encoding.machine_io, check_role(role), strict=strict, tools=check_tools(tools))
         self._messages_view: list[Message] = []
 
     @property

@@ -1,0 +1,204 @@
+"""`make mutants`: one-line bugs in the core and the gateway, each run against the tests that cover
+it; a mutant the tests do not catch survives, and the run fails.
+
+The mutants are data (``MUTANTS``): where (a file and the exact text of the line, found once),
+what it becomes, and which test files cover it. Each runs in a copy of the checkout (the working
+tree is never touched), with the derandomized hypothesis profile (``CI=true``) and without the
+real engines: the fast suite must catch every one. A mutant whose text is no longer found is
+reported as stale (the list must follow the code), and fails the run too.
+
+    python tests/mutants.py            # all of them
+    python tests/mutants.py stops-     # those whose name starts so
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # area-what: the area is the first word (parser, render, mapping, stops, cache, gateway)
+    path: str  # under src/harmonykit
+    line: str  # the exact text of one line (stripped), found once in the file
+    becomes: str
+    tests: tuple[str, ...]  # test files (under tests/) that cover it
+
+
+PARSE = ("test_parse_stream.py", "test_parse_tolerant.py", "test_parse_differential.py", "test_parse_reference.py")
+MAPPING = ("test_openai_request.py", "test_openai_output.py", "test_render_cache.py", "test_data.py")
+
+MUTANTS = [
+    # -- the parser ----------------------------------------------------------------------------------
+    Mutant("parser-shows-held-white-space", "parse/machine.py",
+           "cut = len(tail) + (m.start() if m else len(text.rstrip()))",
+           "cut = len(tail) + (m.start() if m else len(text))", PARSE),
+    Mutant("parser-stripped-markup-boundary", "parse/machine.py",
+           "cut = end if k == len(pieces) - 1 else max(ht.token_after(e), self._cursor + 1)",
+           "cut = end if k == len(pieces) - 1 else max(ht.token_after(e) + 1, self._cursor + 1)", PARSE),
+    Mutant("parser-past-bound-boundary", "parse/machine.py",
+           "max(ht.token_after(e), self._cursor + 1))",
+           "max(ht.token_after(e) - 1, self._cursor + 1))", PARSE),
+    Mutant("parser-header-limit", "parse/machine.py",
+           "HEADER_LIMIT: Final = 64", "HEADER_LIMIT: Final = 640", (*PARSE, "test_server.py")),
+    Mutant("parser-no-utf8-repair", "parse/machine.py",
+           'if not self.strict:', "if False:", PARSE),
+    Mutant("parser-stop-token-ignored", "parse/machine.py",
+           "self.stop = STOP_NAMES[stop_token] if stop_token is not None else None",
+           "self.stop = None", PARSE),
+    Mutant("parser-call-after-answer-unrepaired", "parse/machine.py",
+           "if token == CALL and header.recipient is None:", "if False:", PARSE),
+    Mutant("parser-sound-header-lets-constrain-pass", "parse/header.py",
+           "return has_control_text(header) is None and ct != CONSTRAIN_MARKER \\",
+           "return has_control_text(header) is None \\", PARSE),
+    Mutant("parser-batch-skips-pending-bytes", "parse/machine.py",
+           "text = (bytes(self.pending) + data).decode(\"utf-8\")", "text = data.decode(\"utf-8\")", PARSE),
+    # -- rendering -----------------------------------------------------------------------------------
+    Mutant("render-call-ends-in-end", "render.py",
+           "return CALL if role is Role.ASSISTANT and recipient is not None else END",
+           "return END", ("test_render_golden.py", "test_render_differential.py")),
+    Mutant("render-chain-of-thought-kept", "render.py",
+           "last_is_final = channel == \"final\"", "last_is_final = False",
+           ("test_render_golden.py", "test_render_differential.py", "test_data.py")),
+    # -- the OpenAI mapping --------------------------------------------------------------------------
+    Mutant("mapping-instructions-joined-by-one-newline", "openai/request.py",
+           'developer = Developer("\\n\\n".join(instructions) if instructions else None, listed, response_format)',
+           'developer = Developer("\\n".join(instructions) if instructions else None, listed, response_format)',
+           MAPPING),
+    Mutant("mapping-preamble-as-final", "openai/request.py",
+           'channel = "commentary" if calls else "final"', 'channel = "final"', MAPPING),
+    Mutant("mapping-tool-result-to-nobody", "openai/request.py",
+           'self.add(Role.TOOL, output, name=f"functions.{name}", channel="commentary", recipient="assistant")',
+           'self.add(Role.TOOL, output, name=f"functions.{name}", channel="commentary")', MAPPING),
+    Mutant("mapping-tool-choice-none-shows-tools", "openai/request.py",
+           'listed = () if tool_choice == "none" else entries', "listed = entries", MAPPING),
+    Mutant("mapping-call-finish-reason", "openai/turn.py",
+           'reason = "tool_calls"', 'reason = "stop"', ("test_openai_output.py", "test_server.py")),
+    # -- stop strings ----------------------------------------------------------------------------------
+    Mutant("stops-whole-path-ignores-stop", "server/app.py",
+           'end = OutputEnd(self.encoding, job.sampling.get("stop") or ())\n            ids, lps',
+           'end = OutputEnd(self.encoding, ())\n            ids, lps', ("test_server.py", "test_stops.py")),
+    Mutant("stops-stream-path-ignores-stop", "server/app.py",
+           'end = OutputEnd(self.encoding, job.sampling.get("stop") or ())\n            pump',
+           'end = OutputEnd(self.encoding, ())\n            pump', ("test_server.py", "test_stops.py")),
+    Mutant("stops-straddling-token-keeps-a-byte-more", "openai/stops.py",
+           'out_ids += self.encoding.encode(b[: cut - pos].decode("utf-8", "replace"),',
+           'out_ids += self.encoding.encode(b[: cut - pos + 1].decode("utf-8", "replace"),',
+           ("test_stops.py", "test_server.py")),
+    Mutant("stops-holds-back-too-little", "openai/stops.py",
+           "for n in range(min(len(s) - 1, len(data)), 0, -1):",
+           "for n in range(min(len(s) - 2, len(data)), 0, -1):", ("test_stops.py", "test_server.py")),
+    Mutant("stops-call-ends-in-return", "openai/stops.py",
+           'return CALL if " to=" in f" {header}" else RETURN', "return RETURN", ("test_stops.py", "test_server.py")),
+    # -- the render caches -----------------------------------------------------------------------------
+    Mutant("cache-head-key-loses-effort", "openai/request.py",
+           "key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),",
+           "key = None if data is None else (id(encoding), api, tuple(instructions), compact_key(data),",
+           MAPPING),
+    Mutant("cache-head-key-loses-instructions", "openai/request.py",
+           "key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),",
+           "key = None if data is None else (id(encoding), api, effort, compact_key(data),", MAPPING),
+    Mutant("cache-system-key-loses-tools", "openai/request.py",
+           "key = (id(encoding), effort, has_tools)", "key = (id(encoding), effort)", MAPPING),
+    Mutant("cache-message-key-loses-context", "openai/request.py",
+           "key = (self.api, id(self.encoding), context, compact_key(data))",
+           "key = (self.api, id(self.encoding), compact_key(data))", MAPPING),
+    Mutant("cache-lru-never-evicts", "cache.py",
+           "while self.used > self.budget and items:", "while False:", ("test_render_cache.py",)),
+    # -- the gateway -----------------------------------------------------------------------------------
+    Mutant("gateway-renders-large-requests-on-the-loop", "server/app.py",
+           "tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,",
+           "tokens = render_tokens(_RENDER[kind], self.encoding, request,", ("test_server.py",)),
+    Mutant("gateway-no-early-refusal", "server/app.py",
+           "if contexts and size > max(contexts) * _BYTES_PER_TOKEN_BOUND:", "if False:", ("test_server.py",)),
+]
+# The store (issue 22) has no code yet: its mutants come with it.
+
+
+def _copy() -> Path:
+    """The checkout's tracked files (as they are in the working tree, edits included) in a
+    temporary folder: the working tree itself is never mutated."""
+    where = Path(tempfile.mkdtemp(prefix="harmonykit-mutants-"))
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source, target = ROOT / name, where / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return where
+
+
+def _run(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
+    """Whether the tests pass in the copy, and the end of what pytest printed."""
+    env = {**os.environ, "PYTHONPATH": str(copy / "src"), "CI": "true",
+           "HARMONYKIT_SHARED": str(ROOT.parent / "shared")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not real_engines",
+           "--no-header", "-o", "addopts=", *[f"tests/{t}" for t in tests]]
+    try:
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return False, "timed out"
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode == 0, lines[-1] if lines else ""
+
+
+def _mutate(copy: Path, m: Mutant) -> str | None:
+    """Apply ``m`` in the copy; the original text, or None when it is not found exactly once."""
+    path = copy / "src" / "harmonykit" / m.path
+    text = path.read_text(encoding="utf-8")
+    if text.count(m.line) != 1:
+        return None
+    path.write_text(text.replace(m.line, m.becomes), encoding="utf-8")
+    return text
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not argv or any(m.name.startswith(a) for a in argv)]
+    copy = _copy()
+    try:
+        check = subprocess.run([sys.executable, "-c", "import harmonykit; print(harmonykit.__file__)"],
+                               env={**os.environ, "PYTHONPATH": str(copy / "src")}, capture_output=True,
+                               text=True, timeout=120)
+        if not check.stdout.startswith(str(copy)):
+            print(f"mutants: harmonykit is not imported from the copy ({check.stdout.strip()})", file=sys.stderr)
+            return 2
+        files = tuple(sorted({t for m in chosen for t in m.tests}))
+        ok, last = _run(copy, files)
+        if not ok:
+            print(f"mutants: the tests fail without any mutant: {last}", file=sys.stderr)
+            return 2
+        rows = []
+        for m in chosen:
+            t0 = time.monotonic()
+            original = _mutate(copy, m)
+            if original is None:
+                rows.append((m, "STALE", "its line is not found exactly once", 0.0))
+                continue
+            try:
+                passed, last = _run(copy, m.tests)
+            finally:
+                (copy / "src" / "harmonykit" / m.path).write_text(original, encoding="utf-8")
+            rows.append((m, "SURVIVED" if passed else "killed", last, time.monotonic() - t0))
+            print(f"  {rows[-1][1]:<8} {m.name:<48} {rows[-1][3]:5.0f} s  {last[:70]}", flush=True)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    print("\n| mutant | where | result |\n|---|---|---|")
+    for m, result, _, _ in rows:
+        print(f"| {m.name} | `{m.path}` | {result} |")
+    bad = [m.name for m, result, _, _ in rows if result != "killed"]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} killed" + (f"; not killed: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
