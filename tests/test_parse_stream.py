@@ -166,11 +166,13 @@ _WORDS = [286, 15, 286, 16, 286, 17, 286, 18, 286, 19, 286, 20, 286, 21]  # " w0
     ([198, 198, 220, 316, 28, 44580, 775, 170154, 200008], [(None, "w3"), ("functions.get_weather", "")]),
     ([558, 316, 28, 44580, 775, 170154, 200008], [(None, "w3."), ("functions.get_weather", "")]),  # ".\n": one token
     ([558, 198, 316, 28, 44580, 775, 170154, 200008], [(None, "w3."), ("functions.get_weather", "")]),
+    # " to" held as maybe a recipient, then ".\n": " to." shown, the newline held still
+    ([316, 558, 316, 28, 44580, 775, 170154, 200008], [(None, "w3 to."), ("functions.get_weather", "")]),
     ([198, 286, 15, 200007], [(None, "w3\n w0")]),  # white space held, then shown with what follows
     ([558, 286, 15, 200007], [(None, "w3.\n w0")]),
     ([198, 200002], [(None, "w3\n")]),  # and kept at the end, never dropped
 ], ids=["newline-then-recipient", "blank-run-then-recipient", "stop-newline-then-recipient",
-        "stop-newline-newline-then-recipient", "newline-then-words", "stop-newline-then-words", "newline-at-end"])
+        "stop-newline-newline-then-recipient", "to-then-stop-newline-then-recipient", "newline-then-words", "stop-newline-then-words", "newline-at-end"])
 def test_a_loose_body_never_shows_what_a_header_takes_back(tail: list[int],
                                                              messages: list[tuple[str | None, str]]) -> None:
     tokens = _WORDS * 4 + [286, 15, 286, 16, 286, 17, 286, 18] + tail

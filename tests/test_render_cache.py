@@ -398,3 +398,46 @@ def test_the_effort_is_part_of_a_heads_key() -> None:
         record = {"messages": [*request["messages"], {"role": "assistant", "content": "Because."}],
                   "reasoning_effort": effort}
         assert f"Reasoning: {effort}" in _ENC.decode(render_example(_ENC, record)["input_ids"])
+
+
+def test_a_message_is_cached_with_what_it_depends_on() -> None:
+    """The same client message can render differently by what came before it: a tool result names
+    the function its call id called; a Responses assistant item carries the reasoning items before
+    it. Each renders as cold, whichever came first."""
+    tools = [_tool("f", ["a"]), _tool("g", ["a"])]
+    results = ({"role": "tool", "tool_call_id": "c1", "content": "ok"},  # keyed by its strings
+               {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]})  # serialized
+    for result, name in ((r, n) for r in results for n in ("f", "g", "f")):
+        call = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}]}
+        request = {"messages": [{"role": "user", "content": "Go."}, call, dict(result)], "tools": tools}
+        tokens = render_chat_request(_ENC, request).tokens
+        assert tokens == cold(render_chat_request, request)
+        assert f"<|start|>functions.{name} to=assistant" in _ENC.decode(tokens)
+    answer = {"role": "assistant", "content": "Done."}
+    for thought in ("First.", "Second.", "First."):
+        request = {"input": [{"role": "user", "content": "Go."},
+                             {"type": "reasoning", "summary": [{"type": "summary_text", "text": thought}]},
+                             dict(answer), {"role": "user", "content": "And?"},
+                             {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"}]}
+        tokens = render_responses_request(_ENC, request).tokens
+        assert tokens == cold(render_responses_request, request)
+
+
+def test_a_hit_is_checked_against_the_message_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serialized message is keyed by its hash and length, and a hit is compared with the message:
+    messages whose keys collide (every key alike here) never take each other's tokens, and one that
+    only serializes alike (orjson writes NaN as null) is refused afresh, not served from the cache."""
+    from harmonykit.openai import request as request_module
+
+    monkeypatch.setattr(request_module, "compact_key", lambda data: (0, 0))
+    MESSAGE_CACHE.clear()
+    for text in ("one", "two", "one"):  # content as parts: not a message of strings, so serialized
+        request = {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+        assert render_chat_request(_ENC, request).tokens == cold(render_chat_request, request)
+    calls: list[Any] = []  # a list field: serialized; null and NaN serialize alike
+    good = {"role": "assistant", "content": None, "reasoning_content": "r", "tool_calls": calls}
+    render_chat_request(_ENC, {"messages": [{"role": "user", "content": "x"}, good]})
+    bad = {**good, "content": float("nan")}
+    with pytest.raises(hk.openai.RequestError):
+        render_chat_request(_ENC, {"messages": [{"role": "user", "content": "x"}, bad]})
