@@ -599,16 +599,18 @@ class Machine:
             self.pending.clear()
         except UnicodeDecodeError as e:
             text = self.pending[: e.start].decode("utf-8")
+            rest = e.start  # where the bytes still pending begin
             if e.reason == "unexpected end of data" and e.end == len(self.pending):
                 del self.pending[: e.start]  # a character still arriving
             else:
+                rest = e.end
                 text += REPLACEMENT
                 del self.pending[: e.end]
                 if not self.strict:  # blamed on the tokens that hold the broken sequence
                     self.repairs.append(Repair("invalid_utf8", self._pending_at if e.start < held else index,
                                                index + 1 if e.end > held else index,
                                                "bytes that are not UTF-8 became U+FFFD"))
-            if self.pending and e.start >= held:
+            if self.pending and rest >= held:
                 self._pending_at = index
         self._add_text(text)
 
