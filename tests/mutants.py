@@ -77,6 +77,11 @@ MUTANTS = [
     Mutant("render-chain-of-thought-kept", "render.py",
            "last_is_final = channel == \"final\"", "last_is_final = False",
            ("test_render_golden.py", "test_render_differential.py", "test_data.py")),
+    Mutant("render-optional-parameter-marked-required", "typescript.py",
+           'mark = "" if required else "?"', 'mark = ""', ("test_render_golden.py", "test_render_differential.py")),
+    Mutant("render-enum-joined-wrongly", "typescript.py",
+           'return " | ".join(names)', 'return "|".join(names)',
+           ("test_render_golden.py", "test_render_differential.py")),
     # -- the OpenAI mapping --------------------------------------------------------------------------
     Mutant("mapping-instructions-joined-by-one-newline", "openai/request.py",
            'developer = Developer("\\n\\n".join(instructions) if instructions else None, listed, response_format)',
@@ -93,6 +98,11 @@ MUTANTS = [
            'reason = "tool_calls"', 'reason = "stop"', ("test_openai_output.py", "test_server.py")),
     Mutant("mapping-default-effort-low", "openai/request.py",
            "        effort = ReasoningEffort.MEDIUM", "        effort = ReasoningEffort.LOW", MAPPING),
+    Mutant("mapping-incomplete-item-marked-completed", "openai/responses.py",
+           'item["status"] = "incomplete" if self._key in self.turn.incomplete else "completed"',
+           'item["status"] = "completed"', ("test_openai_output.py",)),
+    Mutant("mapping-stream-deltas-lose-reasoning", "openai/chat.py",
+           'reasoning.append(d["reasoning_content"])', "pass", ("test_openai_output.py", "test_server.py")),
     # -- stop strings ----------------------------------------------------------------------------------
     Mutant("stops-whole-path-ignores-stop", "server/app.py",
            'end = OutputEnd(self.encoding, job.sampling.get("stop") or ())\n            ids, lps',
@@ -169,7 +179,8 @@ def _run(copy: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
     except subprocess.TimeoutExpired:
         return False, "timed out"
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return proc.returncode == 0, lines[-1] if lines else ""
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return proc.returncode == 0, " / ".join([*failed[:3], lines[-1]]) if lines else ""
 
 
 def _mutate(copy: Path, m: Mutant) -> str | None:

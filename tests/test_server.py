@@ -35,17 +35,17 @@ def engine() -> Iterator[tuple[Engine, str]]:
 
 @pytest.fixture(scope="module")
 def gateway(engine: tuple[Engine, str]) -> Iterator[str]:
-    with serving(create_app(Settings(upstream=(engine[1],), upstream_timeout=3))) as url:
+    with serving(create_app(Settings(upstream=(engine[1],), upstream_timeout=60))) as url:
         yield url
 
 
 def client(base: str, **kw: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=base + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0,
-                         timeout=kw.pop("timeout", 20), **kw)
+                         timeout=kw.pop("timeout", 120), **kw)  # a guard against a hang
 
 
 def aclient(base: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=30)
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def _chat(case_id: str) -> dict[str, Any]:
@@ -173,11 +173,13 @@ def test_load_200_concurrent_streams(gateway: str) -> None:
 
 
 def _raw(base: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-         method: str | None = None) -> tuple[int, dict[str, Any] | str]:
+         method: str | None = None, timeout: float = 120) -> tuple[int, dict[str, Any] | str]:
+    """One request with urllib. ``timeout`` guards against a hang only: a loaded machine may take
+    many times as long as an idle one (a 12 MB body takes ~7 s to read and render on 2 idle cores)."""
     req = urllib.request.Request(base + path, data=body, method=method or ("POST" if body is not None else "GET"),
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=20) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, raw = e.code, e.read()
@@ -543,7 +545,7 @@ def test_a_large_render_does_not_stall_other_streams(messages: list[dict[str, st
         try:
             while words_seen == 0 and reader.is_alive():  # the other stream is under way
                 time.sleep(0.01)
-            code, _ = _raw(gw, "/v1/chat/completions", big)
+            code, _ = _raw(gw, "/v1/chat/completions", big, timeout=600)
         finally:
             done.set()
             eng.resume.set()
@@ -565,7 +567,7 @@ def test_a_body_far_past_the_context_is_refused_before_any_work(engine: tuple[En
     with serving(create_app(Settings(upstream=(engine[1],)))) as gw:
         _raw(gw, "/health")
         sent = len(engine[0].requests)
-        code, out = _raw(gw, "/v1/chat/completions", big)
+        code, out = _raw(gw, "/v1/chat/completions", big, timeout=600)
     assert code == 400 and out["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
     assert rendered == [] and len(engine[0].requests) == sent  # neither rendered nor sent
 
