@@ -148,6 +148,9 @@ MUTANTS = [
     Mutant("gateway-renders-large-requests-on-the-loop", "server/app.py",
            "tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,",
            "tokens = render_tokens(_RENDER[kind], self.encoding, request,", ("test_server.py",)),
+    Mutant("gateway-loses-a-request-on-a-dropped-connection", "server/upstream.py",
+           "except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):", "except ():",
+           ("test_upstream.py",)),
     Mutant("gateway-no-early-refusal", "server/app.py",
            "if contexts and size > max(contexts) * _BYTES_PER_TOKEN_BOUND:", "if False:", ("test_server.py",)),
 ]

@@ -256,9 +256,9 @@ class Upstream:
                 continue
             profile.check(job)
             body = profile.body(self.limit(engine, job), self.served_model(engine, model), stream)
+            data = orjson.dumps(body)
             try:
-                resp = await self.session.post(engine.url + profile.path, data=orjson.dumps(body),
-                                               timeout=timeout, headers={"Content-Type": "application/json"})
+                resp = await self._post(engine.url + profile.path, data, timeout)
             except asyncio.TimeoutError as e:
                 raise UpstreamError(504, f"the engine at {engine.url} did not answer within "
                                          f"{self.timeout:g} s", "upstream_timeout") from e
@@ -280,6 +280,19 @@ class Upstream:
             return resp, engine, profile
         raise UpstreamError(502, f"no engine answered ({len(self.engines)} tried): {last}",
                             "upstream_unavailable")
+
+    async def _post(self, url: str, data: bytes, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """POST ``data``; once more on a fresh connection when the connection was dropped before
+        the engine answered. A pooled keep-alive connection that the engine closes (uvicorn, under
+        vLLM and SGLang, closes idle ones after 5 s) as it is reused loses the request unread:
+        the engine never saw it. A connection refused is no such race: the caller moves on."""
+        headers = {"Content-Type": "application/json"}
+        try:
+            return await self.session.post(url, data=data, timeout=timeout, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.session.post(url, data=data, timeout=timeout, headers=headers)
 
     async def models(self) -> dict[str, Any]:
         last: Exception | None = None
