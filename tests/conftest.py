@@ -50,15 +50,11 @@ def ref() -> openai_harmony.HarmonyEncoding:
 @pytest.fixture(scope="session")
 def vllm() -> Iterator[str]:
     """A real vLLM (tests/real) with this checkout's plugin on (``make engines`` installed the
-    checkout in its venv), and harmonykit's grammar logits processor loaded: requests that do not
-    ask for it pass untouched."""
+    checkout in its venv), for the gateway and plugin tests."""
     from real.servers import vllm_server
 
-    with vllm_server("--logits-processors", VLLM_LOGITS_PROCESSOR) as url:
+    with vllm_server() as url:
         yield url
-
-
-VLLM_LOGITS_PROCESSOR = "harmonykit.grammar.vllm:HarmonyVLLMLogitsProcessor"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
