@@ -637,7 +637,9 @@ class Machine:
             m = _MAYBE_FIELDS.search(text)
             cut = m.start() if m else len(text.rstrip())
         elif text.isspace():
-            self._tail = tail + text
+            self._tail = ""  # the only reference left is ``tail``: CPython grows it in place
+            tail += text
+            self._tail = tail
             return ""
         else:
             m = _MAYBE_FIELDS.search(text)
