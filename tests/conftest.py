@@ -17,6 +17,10 @@ from pathlib import Path
 from harmonykit.vocab import export_vocabulary
 
 _VOCAB_DIR = tempfile.mkdtemp(prefix="harmonykit-vocab-")
+# The gateway's default store is a file under the user's data directory: the tests' own, here.
+_DATA_DIR = tempfile.mkdtemp(prefix="harmonykit-data-")
+atexit.register(shutil.rmtree, _DATA_DIR, True)
+os.environ["XDG_DATA_HOME"] = _DATA_DIR
 atexit.register(shutil.rmtree, _VOCAB_DIR, True)
 export_vocabulary(_VOCAB_DIR)
 os.environ["TIKTOKEN_ENCODINGS_BASE"] = _VOCAB_DIR
@@ -55,6 +59,31 @@ def vllm() -> Iterator[str]:
 
     with vllm_server() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    """A real PostgreSQL server (tests/real/postgres.py), one for the session."""
+    from real.postgres import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store test runs on both backends: a fresh SQLite file, and a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    import uuid
+
+    import psycopg
+
+    server = request.getfixturevalue("postgres")
+    name = "t" + uuid.uuid4().hex[:12]
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return server.url.rsplit("/", 1)[0] + "/" + name
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,7 +12,8 @@ the gateway) for real: uvicorn on 127.0.0.1, a free port, a thread.
 The script is chosen by the last user message of the prompt it receives:
 ``case:ID`` replays a wild case; ``load:N`` answers ``answer N`` token by token;
 ``headerless:N`` answers N words with no header; ``say:TEXT`` answers TEXT on the final
-channel (``say:`` with a stop string in it tests ``stop``);
+channel (``say:`` with a stop string in it tests ``stop``); ``call:NAME:ARGS`` calls the
+function NAME, then, when the prompt ends with its result, answers ``tool said RESULT``;
 ``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
 ``reject``). Its streams split SSE frames mid-JSON.
 """
@@ -40,6 +41,13 @@ WILD = {c["id"]: c for c in (json.loads(line) for line in CASES.read_text(encodi
                               if line.strip())}
 STOPS = {200002, 200012}
 _USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
+# A tool's result as the last message before the assistant's turn.
+_TOOL_RESULT = re.compile(r"<\|start\|>functions\.[^ <]+ to=assistant<\|channel\|>commentary<\|message\|>"
+                          r"((?:(?!<\|end\|>).)*)<\|end\|><\|start\|>assistant$", re.S)
+
+
+def prompt_of(req: dict[str, Any]) -> str:
+    return ENC.decode(req["prompt"])
 
 
 class Engine:
@@ -125,6 +133,16 @@ class Engine:
         elif kind == "say":
             text, finish = f"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant" \
                            f"<|channel|>final<|message|>{arg}<|return|>", "stop"
+        elif kind == "call":  # call:NAME:ARGS calls the tool; once its result is in the prompt, answers
+            name, _, args = arg.partition(":")
+            result = _TOOL_RESULT.findall(prompt_of(req))
+            if result:
+                text = f"<|channel|>analysis<|message|>The tool answered.<|end|><|start|>assistant" \
+                       f"<|channel|>final<|message|>tool said {result[-1]}<|return|>"
+            else:
+                text = f"<|channel|>analysis<|message|>Call {name}.<|end|><|start|>assistant" \
+                       f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args or '{}'}<|call|>"
+            finish = "stop"
         elif kind == "load":
             text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
                            f"<|channel|>final<|message|>answer {arg}<|return|>", "stop"

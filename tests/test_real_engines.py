@@ -329,7 +329,8 @@ def test_guided_output_needs_no_repair(gw_guided: str, stream: bool) -> None:
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str, stream: bool) -> None:
     """The client leaves once vLLM has the request ("Added request" in its log); vLLM logs
-    "Aborted request" only for a request still running when it is aborted."""
+    "Aborted request" only for a request still running when it is aborted, so the generation
+    must outlast the abort: sampled freely it could end early on a stop token."""
     import socket
 
     log = LOGS[vllm]
@@ -346,7 +347,10 @@ def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str, stream: 
 
     added, aborted = count("Added request"), count("Aborted request")
     body = json.dumps({"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Go."}], "stream": stream,
-                       "max_tokens": 900, "logit_bias": {str(RETURN): -100, str(CALL): -100}}).encode()
+                       # exactly 900 tokens (7 s on a quiet machine): min_tokens holds off every stop
+                       # token, the random model's <|endoftext|> among them, and the seed fixes the rest
+                       "max_tokens": 900, "min_tokens": 900, "seed": 0,
+                       "logit_bias": {str(RETURN): -100, str(CALL): -100}}).encode()
     host, port = gw_vllm.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -284,6 +284,13 @@ def _progress(summary: Any, seconds: float) -> None:
           f"{summary.tokens / seconds:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
 
 
+def duration(raw: str) -> float:
+    """--store-ttl's type: seconds from 90, 15m, 12h or 30d (the server's own reading)."""
+    from .server.settings import duration as read
+
+    return read(raw)
+
+
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
@@ -389,8 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
                         f"serves it, else the engine's first) [{env}UPSTREAM_MODEL]")
     p.add_argument("--host", help=f"address to listen on (default 127.0.0.1) [{env}HOST]")
     p.add_argument("--port", type=int, help=f"port to listen on (default 8000) [{env}PORT]")
-    p.add_argument("--api-key", metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' (default: none) [{env}API_KEY]")
+    p.add_argument("--api-key", metavar="KEY", action="append",
+                   help=f"require 'Authorization: Bearer KEY' (default: none); repeatable: each key sees only "
+                        f"the responses and conversations it stored [{env}API_KEY]")
+    p.add_argument("--api-keys-file", metavar="PATH",
+                   help=f"accept the keys in this file too, one a line (# comments) [{env}API_KEYS_FILE]")
+    p.add_argument("--store", metavar="URL",
+                   help=f"where stored responses and conversations are kept: sqlite:///PATH (default: a file "
+                        f"under the user's data directory), postgresql://USER@HOST:PORT/DB, or none "
+                        f"[{env}STORE]")
+    p.add_argument("--store-ttl", type=duration, metavar="DURATION",
+                   help=f"how long a stored object is kept after its last change, e.g. 12h, 30d (default "
+                        f"30d) [{env}STORE_TTL]")
     p.add_argument("--upstream-timeout", type=float, metavar="SECONDS",
                    help=f"give up on an engine silent this long: 504 (default 600) [{env}UPSTREAM_TIMEOUT]")
     p.add_argument("--max-concurrency", type=int, metavar="N",

@@ -44,11 +44,14 @@ RESPONSES_FIELDS = _ACCEPTED | VLLM_EXTENSIONS | _COMMON | {
     "input", "instructions", "max_output_tokens", "text", "reasoning", "include", "truncation",
     "background", "previous_response_id", "conversation", "prompt", "max_tool_calls",
 }
-# Known, but they need state or features a stateless gateway in front of an engine has not.
-_UNSUPPORTED = {
+# Known, but they need a store (a gateway run with --store none has none).
+_STATEFUL = {
     "previous_response_id": "needs stored responses; send the whole conversation in input",
     "conversation": "needs stored conversations; send the whole conversation in input",
-    "background": "background responses are not supported",
+    "background": "background responses need stored responses",
+}
+# Known, but they need features a gateway in front of an engine has not.
+_UNSUPPORTED = {
     "prompt": "stored prompt templates are not supported",
     "functions": "the deprecated functions field is not supported; use tools",
     "function_call": "the deprecated function_call field is not supported; use tool_choice",
@@ -65,7 +68,7 @@ _INTS: dict[str, tuple[int, int]] = {
     "n": (1, 128), "top_k": (-1, 2**31), "min_tokens": (0, 2**31), "seed": (-(2**63), 2**64 - 1),
     "top_logprobs": (0, 20),
 }
-_BOOLS = ("stream", "parallel_tool_calls", "store", "logprobs", "include_reasoning")
+_BOOLS = ("stream", "parallel_tool_calls", "store", "logprobs", "include_reasoning", "background")
 
 
 def _number(value: Any) -> bool:
@@ -84,8 +87,9 @@ def _check_bias(bias: Any) -> None:
                                f"logit_bias values must be numbers from -100 to 100, got {shown(v)}")
 
 
-def check_fields(request: Any, kind: str) -> None:
-    """Reject unknown fields, wrong types and out-of-range values (``kind``: chat or responses).
+def check_fields(request: Any, kind: str, *, stateful: bool = False) -> None:
+    """Reject unknown fields, wrong types and out-of-range values (``kind``: chat or responses;
+    ``stateful``: a store is there for ``previous_response_id``, ``conversation``, ``background``).
 
     >>> check_fields({"messages": [], "temperature": 3}, "chat")
     Traceback (most recent call last):
@@ -99,6 +103,8 @@ def check_fields(request: Any, kind: str) -> None:
             raise RequestError(key, f"unrecognized request argument supplied: {key}")
         if key in _UNSUPPORTED and value not in (None, False):
             raise RequestError(key, f"{key} {_UNSUPPORTED[key]}")
+        if key in _STATEFUL and not stateful and value not in (None, False):
+            raise RequestError(key, f"{key} {_STATEFUL[key]} (this gateway runs with --store none)")
         if value is None:
             continue
         if key in _NUMBERS:
@@ -130,6 +136,8 @@ def check_fields(request: Any, kind: str) -> None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise RequestError("stop", "stop must be a string or a list of at most 4 non-empty strings")
+    if request.get("truncation") not in (None, "auto", "disabled"):
+        raise RequestError("truncation", f"truncation must be 'auto' or 'disabled', got {shown(request['truncation'])}")
     if (request.get("n") or 1) > 1 and request.get("stream"):
         raise RequestError("n", "n > 1 is supported without streaming only")
 

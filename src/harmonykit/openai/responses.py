@@ -205,8 +205,13 @@ class ResponsesStream(OutputStream):
             "metadata": self.request.get("metadata") or {},
         }
         # Echo what the request set, as OpenAI does (a null where it set nothing).
-        for key in ("max_output_tokens", "temperature", "top_p", "top_logprobs", "user", "truncation"):
+        for key in ("max_output_tokens", "temperature", "top_p", "top_logprobs", "user", "truncation",
+                    "previous_response_id"):
             out[key] = self.request.get(key)
+        out["background"] = bool(self.request.get("background"))
+        conversation = self.request.get("conversation")
+        if conversation is not None:
+            out["conversation"] = {"id": conversation.get("id") if isinstance(conversation, dict) else conversation}
         return out
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:
@@ -258,6 +263,7 @@ def completion_to_response(
     id: str | None = None,
     model: str | None = None,
     prompt_tokens: int | None = None,
+    created_at: float | None = None,
 ) -> dict[str, Any]:
     """A whole Responses API ``Response`` for an engine's output: id, status
     (``completed``, or ``incomplete`` with ``incomplete_details``), output items,
@@ -273,7 +279,8 @@ def completion_to_response(
     >>> r["status"], [i["type"] for i in r["output"]], r["usage"]["output_tokens_details"]
     ('completed', ['reasoning', 'message'], {'reasoning_tokens': 6})
     """
-    stream = ResponsesStream(encoding, request=request, id=id, model=model, prompt_tokens=prompt_tokens)
+    stream = ResponsesStream(encoding, request=request, id=id, model=model, prompt_tokens=prompt_tokens,
+                             created_at=created_at)
     stream.feed(tokens)
     response: dict[str, Any] = stream.close(finish_reason)[-1]["response"]
     return response

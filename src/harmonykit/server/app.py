@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -36,41 +37,25 @@ from ..openai.chat import content_logprobs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
+from ..openai.turn import new_id
+from ..store import StoredResponse, StoreError, open_store
 from .engines import Job
+from .errors import HTTPError
 from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
 from .metrics import Metrics
 from .settings import Settings
+from .state import Live, State, owner_of, unavailable
+from .stateful import Receive, Route, Scope, Send, StatefulRoutes, json_response
+from .stateful import pattern as _pattern
 from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+CLIENT_LEFT = "the client disconnected before the response ended; generation was stopped"
 
 log = logging.getLogger("harmonykit.server")
 
 _BYTES_PER_TOKEN_BOUND = 64
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
                 (b"x-accel-buffering", b"no")]
-_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-                408: "invalid_request_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                502: "api_error", 503: "api_error", 504: "api_error"}
-
-
-class HTTPError(Exception):
-    """An answer other than 200, OpenAI-shaped: ``{"error": {message, type, param, code}}``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": _ERROR_TYPES.get(self.status, "api_error"),
-                          "param": self.param, "code": self.code}}
-
-
 def sse(data: Any, event: str | None = None) -> bytes:
     """One server-sent event (``data:`` JSON, or raw bytes such as ``[DONE]``)."""
     payload = data if isinstance(data, bytes) else orjson.dumps(data)
@@ -78,7 +63,7 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return head + b"data: " + payload + b"\n\n"
 
 
-class Gateway:
+class Gateway(StatefulRoutes):
     """The ASGI app. ``upstream`` may be injected (tests); by default it is built from settings."""
 
     def __init__(self, settings: Settings, *, encoding: HarmonyEncoding | None = None,
@@ -93,14 +78,20 @@ class Gateway:
         self.metrics = Metrics()
         self.active = 0
         self._started = False
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send, dict[str, Any]],
-                                                        Awaitable[int]]] = {
+        store = open_store(settings.store_url, ttl=settings.store_ttl, timeout=settings.store_timeout)
+        self.state = State(store, lease=settings.store_lease) if store is not None else None
+        self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/responses"): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
         }
+        # Paths with ids in them: (method, template) -> handler; the template is what metrics and
+        # logs name (never an id).
+        self._templates: list[tuple[str, str, re.Pattern[str], Route]] = [
+            (method, template, _pattern(template), handler) for (method, template), handler in
+            self.stateful_routes().items()]
 
     # -- ASGI ----------------------------------------------------------------
 
@@ -113,14 +104,27 @@ class Gateway:
         await self.start()
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         route = self._routes.get((method, path))
-        info: dict[str, Any] = {"id": uuid.uuid4().hex[:16], "endpoint": path}
+        endpoint = path
+        allowed = [m for m, p in self._routes if p == path]
+        if route is None and path.startswith("/v1/"):
+            for m, template, pattern, handler in self._templates:
+                match = pattern.fullmatch(path)
+                if match is not None:
+                    allowed.append(m)
+                    if m == method:
+                        route, endpoint = handler, template
+                        scope["path_params"] = match.groupdict()
+        info: dict[str, Any] = {"id": uuid.uuid4().hex[:16], "endpoint": endpoint}
         t0 = time.perf_counter()
         try:
             if route is None:
-                allowed = [m for m, p in self._routes if p == path]
                 raise HTTPError(405 if allowed else 404, f"{method} {path} is not served here" + (
                     f"; use {', '.join(allowed)}" if allowed else ""), code="unknown_url")
             status = await route(scope, receive, send, info)
+        except RequestError as e:  # a malformed id or query, from the stateful routes
+            status, error = 400, HTTPError(400, e.message, param=e.param)
+            info["error"] = e.message
+            await _json_response(send, 400, error.body())
         except HTTPError as e:
             status = e.status
             info["error"] = e.message
@@ -131,8 +135,8 @@ class Gateway:
             info["error"] = f"internal error: {type(e).__name__}"
             with contextlib.suppress(Exception):
                 await _json_response(send, 500, HTTPError(500, "internal error in harmonykit").body())
-        if path in ("/v1/chat/completions", "/v1/responses", "/v1/models"):
-            self.metrics.requests.labels(path, str(status)).inc()
+        if endpoint.startswith("/v1/"):
+            self.metrics.requests.labels(endpoint, str(status)).inc()
             info["status"] = status
             info["ms"] = round((time.perf_counter() - t0) * 1000, 2)
             log.info("%s", _log_line(info))
@@ -141,7 +145,11 @@ class Gateway:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                await self.start()
+                try:
+                    await self.start()
+                except StoreError as e:  # a store that cannot be opened stops the gateway, saying so
+                    await send({"type": "lifespan.startup.failed", "message": e.message})
+                    return
                 # Know the engines before the first request; one that cannot do what the settings
                 # ask (--guided on llama.cpp or an old vLLM) stops the gateway here, saying why.
                 states = await self.upstream.check()
@@ -153,6 +161,8 @@ class Gateway:
                     log.info("%s", orjson.dumps({"upstream": st}).decode())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.state is not None:
+                    await self.state.close()
                 await self.upstream.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -161,6 +171,8 @@ class Gateway:
         if not self._started:
             self._started = True
             await self.upstream.start()
+            if self.state is not None:
+                await self.state.start()
 
     # -- plain routes ----------------------------------------------------------
 
@@ -200,7 +212,7 @@ class Gateway:
         return await self._api(scope, receive, send, info, "responses")
 
     async def _api(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any], kind: str) -> int:
-        self._authorize(scope)
+        owner = self._authorize(scope)
         # The body is read before a slot is taken, with a deadline: a client that sends nothing
         # holds no slot, and not for long.
         data = await self._read_body(scope, receive)
@@ -211,7 +223,7 @@ class Gateway:
         try:
             self._bound(len(data))
             try:
-                request, tokens = await self._prepare(data, kind)
+                request, tokens, own = await self._prepare(data, kind, owner)
                 grammar = harmony_grammar(request) if self.settings.guided else None
                 if grammar is None:
                     _check_tool_choice(request)
@@ -225,30 +237,92 @@ class Gateway:
                 info["request"] = request
             info["prompt_tokens"] = len(job.prompt)
             self.metrics.tokens.labels("in").inc(len(job.prompt))
+            record = None
+            if kind == "responses" and self.state is not None and request.get("store") is not False:
+                info["response_id"] = rid = new_id("resp")
+                if request.get("background"):
+                    return await self._background(send, receive, request, job, info, owner, rid, own)
+                snapshot = self._responses_stream(request, job, rid).response("in_progress", [])
+                record = await self.state.begin(snapshot, request, own, owner)
+            elif request.get("background"):
+                raise HTTPError(400, "background responses are stored responses: send store true (the "
+                                     "default) with background", param="store")
             if request.get("stream"):
-                return await self._stream(send, receive, request, job, kind, info)
-            return await self._whole(send, receive, request, job, kind, info)
+                return await self._stream(send, receive, request, job, kind, info, record)
+            return await self._whole(send, receive, request, job, kind, info, record)
         finally:
             self.active -= 1
 
-    async def _prepare(self, data: bytes, kind: str) -> tuple[dict[str, Any], list[int]]:
-        """The request, checked, and its prompt tokens. A large one is read and rendered off the
-        event loop (server/large.py): one client's megabytes never stall everyone's streams."""
+    async def _prepare(self, data: bytes, kind: str, owner: str) -> tuple[dict[str, Any], list[int], Any]:
+        """The request, checked, with its stored history in front (previous_response_id,
+        conversation); its prompt tokens; and its own input, as it came. A large one is read and
+        rendered off the event loop (server/large.py): one client's megabytes never stall
+        everyone's streams."""
+        stateful = self.state is not None
         if len(data) < LARGE:
             request = _parse(data)
-            check_fields(request, kind)
-            return request, _RENDER[kind](self.encoding, request).tokens
+            check_fields(request, kind, stateful=stateful)
+            own = request.get("input")
+            if kind == "responses" and self.state is not None:
+                request = await self.state.expand(request, owner)
+            return (*self._truncate(request, kind, _RENDER[kind](self.encoding, request).tokens), own)
         with young_only():
             request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
                 else _parse(data)
             del data
-            check_fields(request, kind)
+            check_fields(request, kind, stateful=stateful)
+            own = request.get("input")
+            if kind == "responses" and self.state is not None:
+                request = await self.state.expand(request, owner)
             tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,
                                              self.settings.log_content)
-        return request, tokens
+        return (*self._truncate(request, kind, tokens), own)
+
+    def _truncate(self, request: dict[str, Any], kind: str, tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
+        """``truncation: "auto"``: the oldest input items dropped, as few as make the prompt fit the
+        engine's context with room for the output limit (found by bisection: a few renders, each
+        mostly from the render cache). ``"disabled"`` (the default) leaves the 400 to the engine check."""
+        context = self._context()
+        if kind != "responses" or request.get("truncation") != "auto" or context is None:
+            return request, tokens
+        room = context - min(output_limit(request, kind) or 1, context // 2)
+        items = request["input"] if isinstance(request.get("input"), list) else None
+        if len(tokens) <= room or not items or len(items) < 2:
+            return request, tokens
+
+        def render(drop: int) -> list[int] | None:
+            rest = items[drop:]
+            while rest and rest[0].get("type") in ("function_call_output", "reasoning") if isinstance(
+                    rest[0], dict) else False:
+                rest = rest[1:]  # an output whose call was dropped, reasoning whose answer was
+            if not rest:
+                return None
+            return _RENDER[kind](self.encoding, {**request, "input": rest}).tokens
+
+        lo, hi = 1, len(items) - 1  # the newest item always stays
+        best: list[int] | None = None
+        best_drop = hi
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            got = render(mid)
+            if got is not None and len(got) <= room:
+                best, best_drop, hi = got, mid, mid - 1
+            else:
+                lo = mid + 1
+        if best is None:
+            return request, tokens  # even the newest item alone does not fit: the engine check says so
+        return {**request, "input": items[best_drop:]}, best
+
+    def _context(self) -> int | None:
+        contexts = [e.info.context for e in self.upstream.engines if e.info and e.info.context]
+        return min(contexts) if contexts else None
+
+    def _responses_stream(self, request: dict[str, Any], job: Job, rid: str | None) -> ResponsesStream:
+        return ResponsesStream(self.encoding, request=request, id=rid, model=request.get("model") or "gpt-oss",
+                               prompt_tokens=len(job.prompt))
 
     async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
-                     kind: str, info: dict[str, Any]) -> int:
+                     kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
         t0 = time.perf_counter()
         call = asyncio.ensure_future(self._call(self.upstream.complete(job, request.get("model"),
                                                                        self.encoding)))
@@ -262,8 +336,13 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, HTTPError):
                 await call
             info["error"] = "client disconnected"
+            await self._abandon(record, None, CLIENT_LEFT)
             return 499
-        pieces, _ = call.result()
+        try:
+            pieces, _ = call.result()
+        except HTTPError as e:
+            await self._abandon(record, None, e.message)
+            raise
         self._latency(info, t0)
         client_model = request.get("model") or "gpt-oss"
         runs = []
@@ -284,18 +363,26 @@ class Gateway:
         else:
             ids, lps, reason = runs[0]
             out = completion_to_response(self.encoding, ids, request=request, model=client_model,
-                                         finish_reason=reason, prompt_tokens=len(job.prompt))
+                                         finish_reason=reason, prompt_tokens=len(job.prompt),
+                                         id=record.id if record else None,
+                                         created_at=record.created_at if record else None)
             harmony = [out["harmony"]]
         completion = sum(len(p.ids) for p in pieces)
         self._count(info, completion, harmony)
+        if record is not None:
+            await self._finish(record, out)  # stored before the client sees it
         await _json_response(send, 200, out)
         return 200
 
     async def _stream(self, send: Send, receive: Receive, request: dict[str, Any],
-                      job: Job, kind: str, info: dict[str, Any]) -> int:
+                      job: Job, kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
         t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
-        batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
+        try:
+            batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
+        except HTTPError as e:
+            await self._abandon(record, None, e.message)
+            raise
         self._latency(info, t0)
         client_model = request.get("model") or "gpt-oss"
         out: ChatCompletionStream | ResponsesStream
@@ -304,7 +391,21 @@ class Gateway:
                                        prompt_tokens=len(job.prompt))
         else:
             out = ResponsesStream(self.encoding, request=request, model=client_model,
-                                  prompt_tokens=len(job.prompt))
+                                  prompt_tokens=len(job.prompt), id=record.id if record else None,
+                                  created_at=record.created_at if record else None)
+
+        async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            body = b"".join([_frame(e, kind) for e in events])
+            if last:
+                if record is not None:
+                    try:
+                        await self._finish(record, events[-1]["response"])
+                    except HTTPError as e:  # not stored: the client is told, not shown an end
+                        body = b"".join([_frame(ev, kind) for ev in events[:-1]]) + _error_frame(e)
+                if kind == "chat":
+                    body += sse(b"[DONE]")
+            await send({"type": "http.response.body", "more_body": True, "body": body})
+
         self.metrics.streams_open.inc()
         watch = asyncio.ensure_future(_disconnected(receive))
         try:  # from here on, however it ends, the engine's stream is closed (an abort, if running)
@@ -313,13 +414,14 @@ class Gateway:
             await send({"type": "http.response.body", "more_body": True,
                         "body": b"".join([_frame(e, kind) for e in out.feed([])])})
             end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
-            pump = asyncio.ensure_future(self._pump(send, batches, out, end, kind, info))
+            pump = asyncio.ensure_future(self._pump(emit, batches, out, end, info))
             done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
             if pump not in done:  # the client went away: stop generating upstream
                 info["error"] = "client disconnected"
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pump
+                await self._abandon(record, out, CLIENT_LEFT)
                 return 499
             pump.result()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -330,9 +432,10 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await batches.aclose()
 
-    async def _pump(self, send: Send, batches: EngineStream,
-                    out: ChatCompletionStream | ResponsesStream, end: OutputEnd, kind: str,
-                    info: dict[str, Any]) -> None:
+    async def _pump(self, emit: Callable[[list[dict[str, Any]], bool], Awaitable[None]], batches: EngineStream,
+                    out: ChatCompletionStream | ResponsesStream, end: OutputEnd, info: dict[str, Any]) -> None:
+        """The engine's stream through the parser into events, ``emit``-ted a batch a network read;
+        the last batch (``last``) ends the response."""
         finish = "stop"
         try:
             async for batch in batches:  # what one network read brought: one write out
@@ -346,32 +449,153 @@ class Gateway:
                         finish = piece.finish_reason
                 events = _feed(out, ids, lps) if ids else []
                 if events:
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": b"".join([_frame(e, kind) for e in events])})
+                    await emit(events, False)
         except UpstreamError as e:
             info["error"] = e.message
-            tail = b"".join(_frame(ev, kind) for ev in out.fail(e.message))
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": tail + (sse(b"[DONE]") if kind == "chat" else b"")})
+            await emit(out.fail(e.message), True)
             self._count(info, out.output_tokens, [out.turn.extension()])
             return
         rest, rest_lps = end.finish(ended=finish != "length")
-        events = _feed(out, rest, rest_lps) + out.close(finish)
-        tail = b"".join(_frame(e, kind) for e in events) + (sse(b"[DONE]") if kind == "chat" else b"")
-        await send({"type": "http.response.body", "more_body": True, "body": tail})
+        await emit(_feed(out, rest, rest_lps) + out.close(finish), True)
         self._count(info, out.output_tokens, [out.turn.extension()])
+
+    # -- stored responses ------------------------------------------------------------
+
+    async def _finish(self, record: StoredResponse, response: dict[str, Any]) -> None:
+        assert self.state is not None
+        try:
+            await self.state.finish(record, response)
+        except StoreError as e:
+            raise unavailable(e) from None
+
+    async def _abandon(self, record: StoredResponse | None, out: ResponsesStream | ChatCompletionStream | None,
+                       why: str) -> None:
+        if record is None or self.state is None:
+            return
+        response = out.fail(why)[-1]["response"] if isinstance(out, ResponsesStream) else \
+            {**record.body, "status": "failed", "error": {"code": "server_error", "message": why}}
+        await self.state.abandon(record, response, why)
+
+    async def _background(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
+                          info: dict[str, Any], owner: str, rid: str, own: Any) -> int:
+        """``background: true``: stored ``queued`` and answered at once; generated by a task of the
+        gateway's own that outlives the client (and is cancelled from any replica); with
+        ``stream: true`` the client follows its events, and may come back for them."""
+        assert self.state is not None
+        state = self.state
+        snapshot = self._responses_stream(request, job, rid).response("queued", [])
+        record = await state.begin(snapshot, request, own, owner)
+        live = state.live[rid] = Live()
+        state.tasks[rid] = asyncio.ensure_future(self._generate(record, request, job, live, dict(info)))
+        info["background"] = True
+        if not request.get("stream"):
+            await _json_response(send, 200, record.response)
+            return 200
+        return await self._follow(send, receive, live.follow(-1))
+
+    async def _generate(self, record: StoredResponse, request: dict[str, Any], job: Job, live: Live,
+                        info: dict[str, Any]) -> None:
+        """A background response's generation, whoever is watching: its events kept (in memory for
+        followers here, in the store for every other), the response stored before its last event
+        is published."""
+        assert self.state is not None
+        state = self.state
+        out = self._responses_stream(request, job, record.id)
+        out.created_at = record.created_at
+        pending: list[tuple[int, str]] = []
+
+        async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            frames = [(e["sequence_number"], _frame(e, "responses")) for e in events]
+            # Kept whether or not its creator streams: any client may stream it again, from any replica.
+            pending.extend((seq, frame.decode()) for seq, frame in frames)
+            if last or len(pending) >= 64:
+                batch = pending[:]
+                pending.clear()
+                await state.store.add_events(record.id, batch)
+            if last:
+                await state.finish(record, events[-1]["response"])
+            live.add(frames, done=last)
+
+        batches: EngineStream | None = None
+        try:
+            try:
+                batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
+            except HTTPError as e:
+                await emit(out.feed([]) + out.fail(e.message), True)
+                return
+            await emit(out.feed([]), False)
+            end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
+            await self._pump(emit, batches, out, end, info)
+        except asyncio.CancelledError:  # cancelled (the store keeps that), or the gateway shutting down
+            with contextlib.suppress(StoreError):
+                if pending:
+                    await state.store.add_events(record.id, pending)
+                await state.finish(record, out.fail("the gateway shut down before the response ended")[-1]
+                                   ["response"])
+        except StoreError as e:
+            log.warning("store: %s (background response %s)", e.message, record.id)
+            with contextlib.suppress(StoreError):
+                await state.finish(record, out.fail(e.message)[-1]["response"])
+        finally:
+            live.add([], done=True)
+            state.tasks.pop(record.id, None)
+            state.live.pop(record.id, None)
+            if batches is not None:
+                with contextlib.suppress(Exception):
+                    await batches.aclose()
+
+    async def _follow(self, send: Send, receive: Receive, frames: AsyncIterator[list[bytes]]) -> int:
+        """Stream stored or live events to a client until the response ends or the client leaves
+        (leaving never stops a background response)."""
+        self.metrics.streams_open.inc()
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+
+            async def pump() -> None:
+                async for batch in frames:
+                    await send({"type": "http.response.body", "more_body": True, "body": b"".join(batch)})
+
+            task = asyncio.ensure_future(pump())
+            done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if task not in done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return 499
+            task.result()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return 200
+        finally:
+            watch.cancel()
+            self.metrics.streams_open.dec()
 
     # -- helpers ---------------------------------------------------------------
 
-    def _authorize(self, scope: Scope) -> None:
-        if not self._authorized(scope):
+    def _authorize(self, scope: Scope) -> str:
+        """The request's owner (whose stored objects it sees), or the 401."""
+        key = self._key(scope)
+        if key is None:
             given = _bearer(scope)
             what = "Missing bearer token" if not given else "Incorrect API key provided"
             raise HTTPError(401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        return owner_of(key)
 
     def _authorized(self, scope: Scope) -> bool:
-        key = self.settings.api_key
-        return key is None or hmac.compare_digest(_bearer(scope).encode("latin-1"), key.encode("latin-1"))
+        return self._key(scope) is not None
+
+    def _key(self, scope: Scope) -> str | None:
+        """The API key the request carries when it is one of the gateway's ("" when the gateway has
+        none), else None. Every key is compared, in constant time each."""
+        keys = self.settings.keys
+        if not keys:
+            return ""
+        given = _bearer(scope).encode("latin-1")
+        found = None
+        for key in keys:
+            if hmac.compare_digest(given, key.encode("latin-1")):
+                found = key
+        return found
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         """The request's body; each piece of it must come within --body-timeout seconds."""
@@ -493,12 +717,11 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _json_response(send: Send, status: int, body: Any) -> None:
-    data = orjson.dumps(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+_json_response = json_response
+
+
+def _error_frame(e: HTTPError) -> bytes:
+    return sse({"type": "error", "code": e.code, "message": e.message, "param": e.param}, "error")
 
 
 def create_app(settings: Settings, *, upstream: Upstream | None = None) -> Gateway:

@@ -4,8 +4,9 @@ then defaults."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from .engines import PROFILES
@@ -25,7 +26,9 @@ class Settings:
     upstream_model: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    # one key, or several (--api-key repeated, or --api-keys-file): each key sees only what it stored
+    api_key: str | tuple[str, ...] | None = None
+    api_keys_file: str | None = None
     upstream_timeout: float = 600.0
     max_concurrency: int = 512
     max_body_bytes: int = 16 * 1024 * 1024
@@ -39,6 +42,12 @@ class Settings:
     max_tokens_default: int = 4096
     # megabytes of rendered conversation messages kept for the next request (0: off)
     render_cache_mb: int = 64
+    # where responses and conversations are kept: sqlite:///PATH, postgresql://..., or none
+    # (None: a SQLite file under the user's data directory)
+    store: str | None = None
+    store_ttl: float = 30 * 86400.0  # seconds an object is kept after its last change
+    store_lease: float = 15.0  # seconds a gateway vouches for a response it generates, renewed
+    store_timeout: float = 10.0  # seconds a store call may take before the request is a 503
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -56,12 +65,16 @@ class Settings:
             raise ValueError(f"--guided {self.guided} cannot work: {PROFILES[self.guided].guided}")
         if self.engine is not None and self.engine not in PROFILES:
             raise ValueError(f"engine must be one of {', '.join(PROFILES)}, got {self.engine!r}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("--api-key is empty, which would turn authentication off: give a key, or leave "
-                             "the option (and HARMONYKIT_API_KEY) unset to run without one")
-        if self.api_key is not None and (not self.api_key.isascii() or not self.api_key.isprintable()):
-            raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other characters, "
-                             "so no client could ever send it")
+        for key in self.keys:
+            if not key:
+                raise ValueError("--api-key is empty, which would turn authentication off: give a key, or "
+                                 "leave the option (and HARMONYKIT_API_KEY) unset to run without one")
+            if not key.isascii() or not key.isprintable():
+                raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other "
+                                 "characters, so no client could ever send it")
+        for name in ("store_ttl", "store_lease", "store_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("body_timeout", "header_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -69,6 +82,25 @@ class Settings:
             raise ValueError(f"render_cache_mb must be 0 (off) or more, got {self.render_cache_mb}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
+
+    @cached_property
+    def keys(self) -> tuple[str, ...]:
+        """Every API key the gateway accepts (none: no authentication)."""
+        given = (self.api_key,) if isinstance(self.api_key, str) else tuple(self.api_key or ())
+        if self.api_keys_file is None:
+            return given
+        try:
+            text = open(self.api_keys_file, encoding="utf-8").read()
+        except OSError as e:
+            raise ValueError(f"--api-keys-file {self.api_keys_file!r} cannot be read: {e.strerror}") from None
+        lines = [line.strip() for line in text.splitlines()]
+        return given + tuple(line for line in lines if line and not line.startswith("#"))
+
+    @property
+    def store_url(self) -> str:
+        from ..store import default_store_url
+
+        return self.store or default_store_url()
 
     @classmethod
     def from_sources(cls, flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
@@ -83,15 +115,37 @@ class Settings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None and (raw != "" or f.name == "api_key"):  # an empty key is refused, not ignored
                 values[f.name] = _parse(f.name, raw)
+        if isinstance(values.get("api_key"), list):
+            values["api_key"] = tuple(values["api_key"])
         if "upstream" in values:
             values["upstream"] = tuple(u.rstrip("/") for u in values["upstream"])
         return cls(**values)
 
 
+def duration(raw: str) -> float:
+    """Seconds from ``90``, ``90s``, ``15m``, ``12h`` or ``30d``.
+
+    >>> duration("30d"), duration("1.5h"), duration("20")
+    (2592000.0, 5400.0, 20.0)
+    """
+    text = raw.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(text[-1:], None)
+    number = text[:-1] if scale is not None else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a duration: give seconds, or a number with s, m, h or d "
+                         "(e.g. 30d)") from None
+    if value <= 0:
+        raise ValueError(f"{raw!r} is not a positive duration")
+    return value
+
+
 def _parse(name: str, raw: str) -> Any:
-    kinds = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
+    kinds: dict[str, Callable[[str], Any]] = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
              "health_interval": float, "max_tokens_default": int, "body_timeout": float,
-             "header_timeout": float, "render_cache_mb": int}
+             "header_timeout": float, "render_cache_mb": int, "store_ttl": duration,
+             "store_lease": float, "store_timeout": float}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":
@@ -99,6 +153,7 @@ def _parse(name: str, raw: str) -> Any:
     if name in kinds:
         try:
             return kinds[name](raw)
-        except ValueError:
-            raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
+        except ValueError as e:
+            what = str(e) if name == "store_ttl" else "is not a number"
+            raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {what}") from None
     return raw
