@@ -192,8 +192,13 @@ class Engine:
                         pass
                     raise asyncio.CancelledError
             last = i == len(chunks) - 1
-            if i == self.pause_at:
-                await asyncio.to_thread(self.resume.wait, 60)
+            if i == self.pause_at:  # paused: a client that leaves meanwhile aborts the request
+                resumed = asyncio.ensure_future(asyncio.to_thread(self.resume.wait, 60))
+                gone = asyncio.ensure_future(_gone(receive))
+                done, _ = await asyncio.wait({resumed, gone}, return_when=asyncio.FIRST_COMPLETED)
+                gone.cancel()
+                if gone in done:
+                    raise asyncio.CancelledError
             if last and self.gate is not None:
                 await asyncio.to_thread(self.gate.wait, 60)
             choice = {"index": 0, "text": piece[0], "logprobs": None,

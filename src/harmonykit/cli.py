@@ -397,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help=f"address to listen on (default 127.0.0.1) [{env}HOST]")
     p.add_argument("--port", type=int, help=f"port to listen on (default 8000) [{env}PORT]")
     p.add_argument("--api-key", metavar="KEY", action="append",
-                   help=f"require 'Authorization: Bearer KEY' (default: none); repeatable: each key sees only "
-                        f"the responses and conversations it stored [{env}API_KEY]")
+                   help=f"require 'Authorization: Bearer KEY' (default: none); repeatable: each key sees "
+                        f"only the responses and conversations it stored [{env}API_KEY]")
     p.add_argument("--api-keys-file", metavar="PATH",
                    help=f"accept the keys in this file too, one a line (# comments) [{env}API_KEYS_FILE]")
     p.add_argument("--store", metavar="URL",

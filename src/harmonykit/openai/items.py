@@ -14,8 +14,14 @@ from typing import Any
 from .errors import RequestError, shown
 from .turn import new_id
 
-_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco",
-           "web_search_call": "ws", "code_interpreter_call": "ci"}
+_PREFIX = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "web_search_call": "ws",
+    "code_interpreter_call": "ci",
+}
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 #: What OpenAI calls each object, for messages such as "Response with id 'x' not found."
@@ -25,8 +31,11 @@ KINDS = {"resp": "Response", "conv": "Conversation", "item": "Item"}
 def check_id(value: Any, prefix: str, param: str) -> str:
     """A well-formed id of its kind (``resp_...``, ``conv_...``); else a 400 naming ``param``."""
     if not isinstance(value, str) or not value.startswith(prefix + "_") or not _ID.fullmatch(value):
-        raise RequestError(param, f"Invalid '{param}': {shown(value)}. Expected an ID that begins with "
-                                  f"'{prefix}_' and holds only letters, digits, '_' and '-'.")
+        raise RequestError(
+            param,
+            f"Invalid '{param}': {shown(value)}. Expected an ID that begins with "
+            f"'{prefix}_' and holds only letters, digits, '_' and '-'.",
+        )
     return value
 
 
@@ -46,7 +55,13 @@ def stored_item(item: Any) -> dict[str, Any]:
     """One input item as it is kept: with ``type``, an ``id`` and a ``status``, a message's text
     as content parts. What it renders to is unchanged (the renderer reads both shapes)."""
     if not isinstance(item, dict):
-        return {"id": new_id("msg"), "type": "message", "role": "user", "content": item, "status": "completed"}
+        return {
+            "id": new_id("msg"),
+            "type": "message",
+            "role": "user",
+            "content": item,
+            "status": "completed",
+        }
     out = dict(item)
     kind = out.setdefault("type", "message")
     if kind == "message":
@@ -76,17 +91,23 @@ def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: s
     seq = items if order == "asc" else items[::-1]
     if after is not None:
         ids = [i.get("id") for i in seq]
-        seq = seq[ids.index(after) + 1:] if after in ids else []
+        seq = seq[ids.index(after) + 1 :] if after in ids else []
     return list_object(seq[:limit], len(seq) > limit)
 
 
 def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else "",
-            "last_id": data[-1]["id"] if data else "", "has_more": has_more}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else "",
+        "last_id": data[-1]["id"] if data else "",
+        "has_more": has_more,
+    }
 
 
 def list_query(query: dict[str, list[str]], *, default_order: str) -> tuple[str | None, int, str]:
     """``after``, ``limit`` (1 to 100, default 20) and ``order`` (asc / desc) of a list request."""
+
     def one(name: str) -> str | None:
         values = query.get(name)
         return values[-1] if values else None

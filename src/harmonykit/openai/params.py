@@ -137,7 +137,8 @@ def check_fields(request: Any, kind: str, *, stateful: bool = False) -> None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise RequestError("stop", "stop must be a string or a list of at most 4 non-empty strings")
     if request.get("truncation") not in (None, "auto", "disabled"):
-        raise RequestError("truncation", f"truncation must be 'auto' or 'disabled', got {shown(request['truncation'])}")
+        raise RequestError("truncation",
+                           f"truncation must be 'auto' or 'disabled', got {shown(request['truncation'])}")
     if (request.get("n") or 1) > 1 and request.get("stream"):
         raise RequestError("n", "n > 1 is supported without streaming only")
 

@@ -211,7 +211,8 @@ class ResponsesStream(OutputStream):
         out["background"] = bool(self.request.get("background"))
         conversation = self.request.get("conversation")
         if conversation is not None:
-            out["conversation"] = {"id": conversation.get("id") if isinstance(conversation, dict) else conversation}
+            cid = conversation.get("id") if isinstance(conversation, dict) else conversation
+            out["conversation"] = {"id": cid}
         return out
 
     def feed(self, token_ids: Iterable[int]) -> list[dict[str, Any]]:

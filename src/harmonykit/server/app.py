@@ -49,6 +49,7 @@ from .stateful import Receive, Route, Scope, Send, StatefulRoutes, json_response
 from .stateful import pattern as _pattern
 from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
 
+Emit = Callable[[list[dict[str, Any]], bool], Awaitable[None]]  # events out; True: the last of them
 CLIENT_LEFT = "the client disconnected before the response ended; generation was stopped"
 
 log = logging.getLogger("harmonykit.server")
@@ -278,7 +279,8 @@ class Gateway(StatefulRoutes):
                                              self.settings.log_content)
         return (*self._truncate(request, kind, tokens), own)
 
-    def _truncate(self, request: dict[str, Any], kind: str, tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
+    def _truncate(self, request: dict[str, Any], kind: str,
+                  tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
         """``truncation: "auto"``: the oldest input items dropped, as few as make the prompt fit the
         engine's context with room for the output limit (found by bisection: a few renders, each
         mostly from the render cache). ``"disabled"`` (the default) leaves the 400 to the engine check."""
@@ -318,8 +320,8 @@ class Gateway(StatefulRoutes):
         return min(contexts) if contexts else None
 
     def _responses_stream(self, request: dict[str, Any], job: Job, rid: str | None) -> ResponsesStream:
-        return ResponsesStream(self.encoding, request=request, id=rid, model=request.get("model") or "gpt-oss",
-                               prompt_tokens=len(job.prompt))
+        return ResponsesStream(self.encoding, request=request, id=rid,
+                               model=request.get("model") or "gpt-oss", prompt_tokens=len(job.prompt))
 
     async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
                      kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
@@ -432,8 +434,8 @@ class Gateway(StatefulRoutes):
             with contextlib.suppress(Exception):
                 await batches.aclose()
 
-    async def _pump(self, emit: Callable[[list[dict[str, Any]], bool], Awaitable[None]], batches: EngineStream,
-                    out: ChatCompletionStream | ResponsesStream, end: OutputEnd, info: dict[str, Any]) -> None:
+    async def _pump(self, emit: Emit, batches: EngineStream, out: ChatCompletionStream | ResponsesStream,
+                    end: OutputEnd, info: dict[str, Any]) -> None:
         """The engine's stream through the parser into events, ``emit``-ted a batch a network read;
         the last batch (``last``) ends the response."""
         finish = "stop"
@@ -468,8 +470,8 @@ class Gateway(StatefulRoutes):
         except StoreError as e:
             raise unavailable(e) from None
 
-    async def _abandon(self, record: StoredResponse | None, out: ResponsesStream | ChatCompletionStream | None,
-                       why: str) -> None:
+    async def _abandon(self, record: StoredResponse | None,
+                       out: ResponsesStream | ChatCompletionStream | None, why: str) -> None:
         if record is None or self.state is None:
             return
         response = out.fail(why)[-1]["response"] if isinstance(out, ResponsesStream) else \

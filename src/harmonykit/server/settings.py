@@ -142,10 +142,11 @@ def duration(raw: str) -> float:
 
 
 def _parse(name: str, raw: str) -> Any:
-    kinds: dict[str, Callable[[str], Any]] = {"port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
-             "health_interval": float, "max_tokens_default": int, "body_timeout": float,
-             "header_timeout": float, "render_cache_mb": int, "store_ttl": duration,
-             "store_lease": float, "store_timeout": float}
+    kinds: dict[str, Callable[[str], Any]] = {
+        "port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
+        "health_interval": float, "max_tokens_default": int, "body_timeout": float,
+        "header_timeout": float, "render_cache_mb": int, "store_ttl": duration,
+        "store_lease": float, "store_timeout": float}
     if name == "upstream":
         return [u.strip() for u in raw.split(",") if u.strip()]
     if name == "log_content":

@@ -87,8 +87,11 @@ class State:
         await self.store.open()
         failed, deleted = await self.store.sweep()
         if failed or deleted:
-            log.info("store: %d responses of stopped gateways marked failed, %d expired objects deleted",
-                     failed, deleted)
+            log.info(
+                "store: %d responses of stopped gateways marked failed, %d expired objects deleted",
+                failed,
+                deleted,
+            )
         self._loop = asyncio.ensure_future(self._keep())
 
     async def close(self) -> None:
@@ -132,9 +135,13 @@ class State:
         if previous is None and conversation is None:
             return request
         if previous is not None and conversation is not None:
-            raise HTTPError(400, "Mutually exclusive parameters: Ensure you are only providing one of: "
-                                 "'previous_response_id' or 'conversation'.", param="conversation",
-                            code="mutually_exclusive_parameters")
+            raise HTTPError(
+                400,
+                "Mutually exclusive parameters: Ensure you are only providing one of: "
+                "'previous_response_id' or 'conversation'.",
+                param="conversation",
+                code="mutually_exclusive_parameters",
+            )
         history: list[dict[str, Any]] = []
         try:
             if previous is not None:
@@ -155,34 +162,54 @@ class State:
     async def _chain_items(self, rid: str, owner: str) -> list[dict[str, Any]]:
         chain = await self.store.chain(owner, rid)
         if not chain or chain[-1].id != rid:
-            raise HTTPError(400, f"Previous response with id '{rid}' not found.", param="previous_response_id",
-                            code="previous_response_not_found")
+            raise HTTPError(
+                400,
+                f"Previous response with id '{rid}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         if chain[0].previous_id is not None:
-            raise HTTPError(400, f"Previous response with id '{rid}' continues '{chain[0].previous_id}', "
-                                 "which was deleted or has expired: the conversation cannot be rebuilt",
-                            param="previous_response_id", code="previous_response_not_found")
+            raise HTTPError(
+                400,
+                f"Previous response with id '{rid}' continues '{chain[0].previous_id}', "
+                "which was deleted or has expired: the conversation cannot be rebuilt",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
         items: list[dict[str, Any]] = []
         for rec in chain:
             if rec.status in ACTIVE:
-                raise HTTPError(400, f"Previous response with id '{rec.id}' is still {rec.status}: wait for "
-                                     f"it to end (GET /v1/responses/{rec.id})", param="previous_response_id")
+                raise HTTPError(
+                    400,
+                    f"Previous response with id '{rec.id}' is still {rec.status}: wait for "
+                    f"it to end (GET /v1/responses/{rec.id})",
+                    param="previous_response_id",
+                )
             items += rec.input
             items += rec.body.get("output") or []
         return items
 
     # -- a response's life ------------------------------------------------------------
 
-    async def begin(self, response: dict[str, Any], request: dict[str, Any], own: Any,
-                    owner: str) -> StoredResponse:
+    async def begin(
+        self, response: dict[str, Any], request: dict[str, Any], own: Any, owner: str
+    ) -> StoredResponse:
         """Store a response as it starts, leased to this process (``own``: its input as the client
         sent it, without the history in front)."""
         conversation = request.get("conversation")
         record = StoredResponse(
-            id=response["id"], owner=owner, created_at=float(response["created_at"]), status=response["status"],
-            background=bool(request.get("background")), body=response, input=input_items({"input": own}),
+            id=response["id"],
+            owner=owner,
+            created_at=float(response["created_at"]),
+            status=response["status"],
+            background=bool(request.get("background")),
+            body=response,
+            input=input_items({"input": own}),
             previous_id=request.get("previous_response_id"),
             conversation_id=conversation_id(conversation) if conversation is not None else None,
-            lease_owner=self.instance, lease_until=time.time() + self.lease)
+            lease_owner=self.instance,
+            lease_until=time.time() + self.lease,
+        )
         try:
             await self.store.create_response(record)
         except StoreError as e:
@@ -193,10 +220,15 @@ class State:
     async def finish(self, record: StoredResponse, response: dict[str, Any]) -> bool:
         """Store a response as it ended (and append its input and output to its conversation),
         before its last event goes out. False when it was cancelled meanwhile. Raises StoreError."""
-        items = record.input + [i for i in response.get("output") or []] \
-            if record.conversation_id is not None else None
+        items = (
+            record.input + [i for i in response.get("output") or []]
+            if record.conversation_id is not None
+            else None
+        )
         try:
-            return await self.store.finish_response(record.id, self.instance, response["status"], response, items)
+            return await self.store.finish_response(
+                record.id, self.instance, response["status"], response, items
+            )
         finally:
             self.held -= 1
 
@@ -250,8 +282,9 @@ class State:
             if rec is None:
                 raise not_found("Response", rid)
             if not rec.background:
-                raise HTTPError(400, "Only responses created with background=true can be cancelled.",
-                                param="response_id")
+                raise HTTPError(
+                    400, "Only responses created with background=true can be cancelled.", param="response_id"
+                )
             if rec.status in TERMINAL:
                 return rec  # cancelling again, or after the end, changes nothing
             rec = await self.store.cancel_response(owner, rid) or rec
@@ -275,5 +308,8 @@ def conversation_id(value: Any) -> str:
 def _error_frame(message: str) -> bytes:
     import orjson
 
-    return b"event: error\ndata: " + orjson.dumps({"type": "error", "code": "store_unavailable",
-                                                   "message": message, "param": None}) + b"\n\n"
+    return (
+        b"event: error\ndata: "
+        + orjson.dumps({"type": "error", "code": "store_unavailable", "message": message, "param": None})
+        + b"\n\n"
+    )

@@ -31,11 +31,18 @@ Send = Callable[[Message], Awaitable[None]]
 Route = Callable[[Scope, Receive, Send, dict[str, Any]], Awaitable[int]]
 
 #: What ``include`` may name (the SDK's ``ResponseIncludable``): accepted; what is stored is shown whole.
-INCLUDABLE = frozenset({
-    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
-    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
-    "reasoning.encrypted_content", "message.output_text.logprobs",
-})
+INCLUDABLE = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+    }
+)
 MAX_ITEMS_AT_ONCE = 20  # OpenAI's limit on items in one create call
 
 
@@ -46,9 +53,13 @@ def pattern(template: str) -> re.Pattern[str]:
 
 async def json_response(send: Send, status: int, body: Any) -> None:
     data = orjson.dumps(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -62,8 +73,12 @@ def _include(query: dict[str, list[str]]) -> list[str]:
     values = [v for raw in query.get("include", []) for v in raw.split(",") if v]
     for v in values:
         if v not in INCLUDABLE:
-            raise RequestError("include", f"Invalid 'include' value {v!r}. Supported values are: "
-                                          + ", ".join(sorted(INCLUDABLE)) + ".")
+            raise RequestError(
+                "include",
+                f"Invalid 'include' value {v!r}. Supported values are: "
+                + ", ".join(sorted(INCLUDABLE))
+                + ".",
+            )
     return values
 
 
@@ -83,8 +98,9 @@ def _items_of(body: dict[str, Any], encoding: HarmonyEncoding, *, required: bool
     if not isinstance(items, list) or (required and not items):
         raise RequestError("items", "items must be a non-empty list of input items")
     if len(items) > MAX_ITEMS_AT_ONCE:
-        raise RequestError("items", f"items holds {len(items)} items; at most {MAX_ITEMS_AT_ONCE} can be "
-                                    "added at a time")
+        raise RequestError(
+            "items", f"items holds {len(items)} items; at most {MAX_ITEMS_AT_ONCE} can be added at a time"
+        )
     if items:
         try:
             read_responses_request(encoding, {"input": items}, cache=False)
@@ -101,6 +117,7 @@ class StatefulRoutes:
     encoding: HarmonyEncoding
 
     if TYPE_CHECKING:
+
         def _authorize(self, scope: Scope) -> str: ...
         async def _read_body(self, scope: Scope, receive: Receive) -> bytes: ...
         async def _follow(self, send: Send, receive: Receive, frames: AsyncIterator[list[bytes]]) -> int: ...
@@ -109,20 +126,29 @@ class StatefulRoutes:
         r = "/v1/responses/{response_id}"
         c = "/v1/conversations/{conversation_id}"
         return {
-            ("GET", r): self._retrieve, ("DELETE", r): self._delete, ("POST", r + "/cancel"): self._cancel,
+            ("GET", r): self._retrieve,
+            ("DELETE", r): self._delete,
+            ("POST", r + "/cancel"): self._cancel,
             ("GET", r + "/input_items"): self._input_items,
             ("POST", "/v1/conversations"): self._create_conversation,
-            ("GET", c): self._conversation, ("POST", c): self._update_conversation,
+            ("GET", c): self._conversation,
+            ("POST", c): self._update_conversation,
             ("DELETE", c): self._delete_conversation,
-            ("POST", c + "/items"): self._add_items, ("GET", c + "/items"): self._list_items,
-            ("GET", c + "/items/{item_id}"): self._item, ("DELETE", c + "/items/{item_id}"): self._delete_item,
+            ("POST", c + "/items"): self._add_items,
+            ("GET", c + "/items"): self._list_items,
+            ("GET", c + "/items/{item_id}"): self._item,
+            ("DELETE", c + "/items/{item_id}"): self._delete_item,
         }
 
     def _stateful(self, scope: Scope) -> tuple[State, str]:
         owner = self._authorize(scope)
         if self.state is None:
-            raise HTTPError(400, "stored responses and conversations are off on this gateway (--store none); "
-                                 "send the whole conversation in input", code="store_disabled")
+            raise HTTPError(
+                400,
+                "stored responses and conversations are off on this gateway (--store none); "
+                "send the whole conversation in input",
+                code="store_disabled",
+            )
         return self.state, owner
 
     async def _body(self, scope: Scope, receive: Receive) -> dict[str, Any]:
@@ -147,8 +173,9 @@ class StatefulRoutes:
             await json_response(send, 200, rec.response)
             return 200
         if not rec.background:
-            raise HTTPError(400, "Only responses created with background=true can be streamed again.",
-                            param="stream")
+            raise HTTPError(
+                400, "Only responses created with background=true can be streamed again.", param="stream"
+            )
         raw = (query.get("starting_after") or ["-1"])[-1]
         if not raw.lstrip("-").isdigit():
             raise RequestError("starting_after", f"Invalid 'starting_after': {raw!r}. Expected an integer.")
@@ -193,7 +220,9 @@ class StatefulRoutes:
             raise not_found("Conversation", cid)
         return conv
 
-    async def _create_conversation(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+    async def _create_conversation(
+        self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]
+    ) -> int:
         state, owner = self._stateful(scope)
         body = await self._body(scope, receive)
         for key in body:
@@ -214,7 +243,9 @@ class StatefulRoutes:
         await json_response(send, 200, conv.object())
         return 200
 
-    async def _update_conversation(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+    async def _update_conversation(
+        self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]
+    ) -> int:
         state, owner = self._stateful(scope)
         body = await self._body(scope, receive)
         if "metadata" not in body:
@@ -230,7 +261,9 @@ class StatefulRoutes:
         await json_response(send, 200, conv.object())
         return 200
 
-    async def _delete_conversation(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+    async def _delete_conversation(
+        self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]
+    ) -> int:
         state, owner = self._stateful(scope)
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
         try:

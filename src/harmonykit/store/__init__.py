@@ -29,8 +29,17 @@ from pathlib import Path
 from .records import ACTIVE, TERMINAL, Conversation, StoredResponse
 from .sql import Store, StoreError
 
-__all__ = ["ACTIVE", "BACKENDS", "TERMINAL", "Conversation", "Store", "StoreError", "StoredResponse",
-           "default_store_url", "open_store"]
+__all__ = [
+    "ACTIVE",
+    "BACKENDS",
+    "TERMINAL",
+    "Conversation",
+    "Store",
+    "StoreError",
+    "StoredResponse",
+    "default_store_url",
+    "open_store",
+]
 
 #: URL scheme -> "module:class" of its backend (adding a database is one module and one line).
 BACKENDS: dict[str, str] = {
@@ -58,6 +67,8 @@ def open_store(url: str, *, ttl: float = 30 * 86400.0, timeout: float = 10.0) ->
     try:
         backend = getattr(importlib.import_module(module), name)(url)
     except ImportError as e:
-        raise ValueError(f"store {url!r} needs a driver that is not installed ({e.name}): "
-                         f"pip install 'harmonykit[store-{scheme.removesuffix('ql')}]'") from None
+        raise ValueError(
+            f"store {url!r} needs a driver that is not installed ({e.name}): "
+            f"pip install 'harmonykit[store-{scheme.removesuffix('ql')}]'"
+        ) from None
     return Store(backend, ttl=ttl, timeout=timeout)

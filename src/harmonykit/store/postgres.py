@@ -32,5 +32,6 @@ class PostgresBackend:
         pass
 
     def connect(self) -> Any:
-        return psycopg.connect(self.url, connect_timeout=5, options="-c statement_timeout=10000",
-                               application_name="harmonykit")
+        return psycopg.connect(
+            self.url, connect_timeout=5, options="-c statement_timeout=10000", application_name="harmonykit"
+        )

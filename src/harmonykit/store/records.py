@@ -43,5 +43,9 @@ class Conversation:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def object(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "conversation", "created_at": self.created_at,
-                "metadata": self.metadata}
+        return {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+        }

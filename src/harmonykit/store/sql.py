@@ -76,8 +76,10 @@ _SCHEMA = [
     """CREATE UNIQUE INDEX IF NOT EXISTS hk_items_id ON hk_items (conversation_id, id)""",
 ]
 
-_RESPONSE_COLUMNS = ("id, owner, created_at, status, background, body, input, previous_id, conversation_id, "
-                     "lease_owner, lease_until, error")
+_RESPONSE_COLUMNS = (
+    "id, owner, created_at, status, background, body, input, previous_id, conversation_id, "
+    "lease_owner, lease_until, error"
+)
 
 
 def instance_id() -> str:
@@ -103,8 +105,9 @@ def _owner_gone(lease_owner: str | None, lease_until: float | None, now: float) 
     return False
 
 
-_GONE = orjson.dumps({"code": "server_error",
-                      "message": "the gateway generating this response stopped before it ended"}).decode()
+_GONE = orjson.dumps(
+    {"code": "server_error", "message": "the gateway generating this response stopped before it ended"}
+).decode()
 
 
 class Tx:
@@ -138,14 +141,36 @@ class Tx:
 
 
 def _record(row: Row) -> StoredResponse:
-    (rid, owner, created, status, background, body, items, previous, conversation, lease_owner,
-     lease_until, error) = row
+    (
+        rid,
+        owner,
+        created,
+        status,
+        background,
+        body,
+        items,
+        previous,
+        conversation,
+        lease_owner,
+        lease_until,
+        error,
+    ) = row
     data = orjson.loads(body)
     if error is not None:
         data["error"] = orjson.loads(error)
-    return StoredResponse(rid, owner, float(created), status, bool(background), data, orjson.loads(items),
-                          previous, conversation, lease_owner,
-                          float(lease_until) if lease_until is not None else None)
+    return StoredResponse(
+        rid,
+        owner,
+        float(created),
+        status,
+        bool(background),
+        data,
+        orjson.loads(items),
+        previous,
+        conversation,
+        lease_owner,
+        float(lease_until) if lease_until is not None else None,
+    )
 
 
 def _dumps(obj: Any) -> str:
@@ -222,8 +247,11 @@ class Store:
     async def close(self) -> None:
         def close_all() -> None:
             self._drop()
-        futures = [asyncio.get_running_loop().run_in_executor(self._pool, close_all)
-                   for _ in range(self.backend.workers)]
+
+        futures = [
+            asyncio.get_running_loop().run_in_executor(self._pool, close_all)
+            for _ in range(self.backend.workers)
+        ]
         await asyncio.gather(*futures, return_exceptions=True)
         self._pool.shutdown(wait=False)
 
@@ -233,12 +261,19 @@ class Store:
         """Insert a response as it starts (``queued`` / ``in_progress``, leased by its generator)."""
         await self._run(_insert_response, record, record.created_at + self.ttl)
 
-    async def finish_response(self, rid: str, lease_owner: str, status: str, body: dict[str, Any],
-                              conversation_items: list[dict[str, Any]] | None = None) -> bool:
+    async def finish_response(
+        self,
+        rid: str,
+        lease_owner: str,
+        status: str,
+        body: dict[str, Any],
+        conversation_items: list[dict[str, Any]] | None = None,
+    ) -> bool:
         """End a response this generator holds: its final body, and (one transaction) its input and
         output appended to its conversation. False when it was cancelled or taken over meanwhile."""
-        return await self._run(_finish_response, rid, lease_owner, status, body, conversation_items,
-                               time.time() + self.ttl)
+        return await self._run(
+            _finish_response, rid, lease_owner, status, body, conversation_items, time.time() + self.ttl
+        )
 
     async def get_response(self, owner: str, rid: str) -> StoredResponse | None:
         """The response (None when unknown, expired or another owner's); one whose generator is
@@ -276,7 +311,9 @@ class Store:
         """A background stream's events (sequence number, JSON), for clients that resume."""
         await self._run(_add_events, rid, events)
 
-    async def events(self, owner: str, rid: str, after: int) -> tuple[StoredResponse | None, list[tuple[int, str]]]:
+    async def events(
+        self, owner: str, rid: str, after: int
+    ) -> tuple[StoredResponse | None, list[tuple[int, str]]]:
         """The response now, and its stored events numbered above ``after``."""
         return await self._run(_events, owner, rid, after, time.time())
 
@@ -288,7 +325,9 @@ class Store:
     async def get_conversation(self, owner: str, cid: str) -> Conversation | None:
         return await self._run(_get_conversation, owner, cid, time.time())
 
-    async def update_conversation(self, owner: str, cid: str, metadata: dict[str, Any]) -> Conversation | None:
+    async def update_conversation(
+        self, owner: str, cid: str, metadata: dict[str, Any]
+    ) -> Conversation | None:
         return await self._run(_update_conversation, owner, cid, metadata, time.time(), self.ttl)
 
     async def delete_conversation(self, owner: str, cid: str) -> bool:
@@ -298,13 +337,16 @@ class Store:
         """Append items (ids set) at the conversation's end; False when it is unknown."""
         return await self._run(_add_items, owner, cid, items, time.time(), self.ttl)
 
-    async def items(self, owner: str, cid: str, *, after: str | None = None, limit: int | None = None,
-                    order: str = "asc") -> tuple[Conversation | None, list[dict[str, Any]], bool]:
+    async def items(
+        self, owner: str, cid: str, *, after: str | None = None, limit: int | None = None, order: str = "asc"
+    ) -> tuple[Conversation | None, list[dict[str, Any]], bool]:
         """The conversation, its items in ``order`` after the item ``after`` (at most ``limit``),
         and whether more follow. ``after`` unknown: no items."""
         return await self._run(_items, owner, cid, after, limit, order, time.time())
 
-    async def get_item(self, owner: str, cid: str, item_id: str) -> tuple[Conversation | None, dict[str, Any] | None]:
+    async def get_item(
+        self, owner: str, cid: str, item_id: str
+    ) -> tuple[Conversation | None, dict[str, Any] | None]:
         return await self._run(_get_item, owner, cid, item_id, time.time())
 
     async def delete_item(self, owner: str, cid: str, item_id: str) -> tuple[Conversation | None, bool]:
@@ -318,20 +360,46 @@ def _create_schema(tx: Tx) -> None:
     for statement in _SCHEMA:
         tx.run(statement)
     if tx.one("SELECT value FROM hk_meta WHERE key = 'schema'") is None:
-        tx.run("INSERT INTO hk_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING",
-               (str(SCHEMA_VERSION),))
+        tx.run(
+            "INSERT INTO hk_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING",
+            (str(SCHEMA_VERSION),),
+        )
 
 
 def _insert_response(tx: Tx, r: StoredResponse, expires: float) -> None:
-    tx.run(f"INSERT INTO hk_responses ({_RESPONSE_COLUMNS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-           (r.id, r.owner, r.created_at, r.status, int(r.background), _dumps(r.body), _dumps(r.input),
-            r.previous_id, r.conversation_id, r.lease_owner, r.lease_until, None, expires))
+    tx.run(
+        f"INSERT INTO hk_responses ({_RESPONSE_COLUMNS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            r.id,
+            r.owner,
+            r.created_at,
+            r.status,
+            int(r.background),
+            _dumps(r.body),
+            _dumps(r.input),
+            r.previous_id,
+            r.conversation_id,
+            r.lease_owner,
+            r.lease_until,
+            None,
+            expires,
+        ),
+    )
 
 
-def _finish_response(tx: Tx, rid: str, lease_owner: str, status: str, body: dict[str, Any],
-                     items: list[dict[str, Any]] | None, expires: float) -> bool:
-    row = tx.one("SELECT owner, conversation_id, status FROM hk_responses WHERE id = ? AND lease_owner = ?",
-                 (rid, lease_owner))
+def _finish_response(
+    tx: Tx,
+    rid: str,
+    lease_owner: str,
+    status: str,
+    body: dict[str, Any],
+    items: list[dict[str, Any]] | None,
+    expires: float,
+) -> bool:
+    row = tx.one(
+        "SELECT owner, conversation_id, status FROM hk_responses WHERE id = ? AND lease_owner = ?",
+        (rid, lease_owner),
+    )
     if row is None or row[2] not in (*ACTIVE, "cancelled"):
         return False  # taken over: marked failed by another gateway that found its lease gone
     owner, conversation, now_status = row
@@ -339,10 +407,17 @@ def _finish_response(tx: Tx, rid: str, lease_owner: str, status: str, body: dict
     body = {k: v for k, v in body.items() if k != "status"}
     error = None if cancelled else body.pop("error", None)
     body.pop("error", None)
-    tx.run("UPDATE hk_responses SET status = ?, body = ?, error = ?, lease_owner = NULL, lease_until = NULL, "
-           "expires_at = ? WHERE id = ?",
-           (now_status if cancelled else status, _dumps({**body, "error": None}),
-            None if error is None else _dumps(error), expires, rid))
+    tx.run(
+        "UPDATE hk_responses SET status = ?, body = ?, error = ?, lease_owner = NULL, lease_until = NULL, "
+        "expires_at = ? WHERE id = ?",
+        (
+            now_status if cancelled else status,
+            _dumps({**body, "error": None}),
+            None if error is None else _dumps(error),
+            expires,
+            rid,
+        ),
+    )
     if conversation is not None and items and not cancelled:
         _append(tx, owner, conversation, items, expires)
     return not cancelled
@@ -350,8 +425,11 @@ def _finish_response(tx: Tx, rid: str, lease_owner: str, status: str, body: dict
 
 def _fail_if_gone(tx: Tx, rec: StoredResponse, now: float) -> StoredResponse:
     if rec.status in ACTIVE and _owner_gone(rec.lease_owner, rec.lease_until, now):
-        tx.run(f"UPDATE hk_responses SET status = 'failed', error = ?, lease_owner = NULL, lease_until = NULL "
-               f"WHERE id = ? AND status IN {_ACTIVE}", (_GONE, rec.id))
+        tx.run(
+            f"UPDATE hk_responses SET status = 'failed', error = ?, lease_owner = NULL, lease_until = NULL "
+            f"WHERE id = ? AND status IN {_ACTIVE}",
+            (_GONE, rec.id),
+        )
         row = tx.one(f"SELECT {_RESPONSE_COLUMNS} FROM hk_responses WHERE id = ?", (rec.id,))
         assert row is not None
         return _record(row)
@@ -359,8 +437,10 @@ def _fail_if_gone(tx: Tx, rec: StoredResponse, now: float) -> StoredResponse:
 
 
 def _get_response(tx: Tx, owner: str, rid: str, now: float) -> StoredResponse | None:
-    row = tx.one(f"SELECT {_RESPONSE_COLUMNS} FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?",
-                 (rid, owner, now))
+    row = tx.one(
+        f"SELECT {_RESPONSE_COLUMNS} FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?",
+        (rid, owner, now),
+    )
     return None if row is None else _fail_if_gone(tx, _record(row), now)
 
 
@@ -372,12 +452,16 @@ def _chain(tx: Tx, owner: str, rid: str, now: float) -> list[StoredResponse]:
         " ON r.id = c.previous_id WHERE r.owner = ? AND r.expires_at > ?)"
         f" SELECT {', '.join('r.' + c.strip() for c in _RESPONSE_COLUMNS.split(','))}"
         " FROM chain c JOIN hk_responses r ON r.id = c.id ORDER BY c.depth DESC",
-        (rid, owner, now, owner, now))
+        (rid, owner, now, owner, now),
+    )
     return [_fail_if_gone(tx, _record(row), now) for row in rows]
 
 
 def _delete_response(tx: Tx, owner: str, rid: str, now: float) -> bool:
-    if tx.run("DELETE FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?", (rid, owner, now)) < 1:
+    if (
+        tx.run("DELETE FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?", (rid, owner, now))
+        < 1
+    ):
         return False
     tx.run("DELETE FROM hk_events WHERE response_id = ?", (rid,))
     return True
@@ -393,46 +477,67 @@ def _cancel_response(tx: Tx, owner: str, rid: str, now: float) -> StoredResponse
 
 
 def _cancelled(tx: Tx, lease_owner: str) -> list[str]:
-    return [r[0] for r in tx.all("SELECT id FROM hk_responses WHERE lease_owner = ? AND status = 'cancelled'",
-                                 (lease_owner,))]
+    return [
+        r[0]
+        for r in tx.all(
+            "SELECT id FROM hk_responses WHERE lease_owner = ? AND status = 'cancelled'", (lease_owner,)
+        )
+    ]
 
 
 def _release(tx: Tx, rid: str, lease_owner: str) -> None:
-    tx.run("UPDATE hk_responses SET lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?",
-           (rid, lease_owner))
+    tx.run(
+        "UPDATE hk_responses SET lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?",
+        (rid, lease_owner),
+    )
 
 
 def _renew(tx: Tx, lease_owner: str, until: float) -> None:
-    tx.run(f"UPDATE hk_responses SET lease_until = ? WHERE lease_owner = ? AND status IN {_ACTIVE}",
-           (until, lease_owner))
+    tx.run(
+        f"UPDATE hk_responses SET lease_until = ? WHERE lease_owner = ? AND status IN {_ACTIVE}",
+        (until, lease_owner),
+    )
 
 
 def _sweep(tx: Tx, now: float) -> tuple[int, int]:
     failed = 0
     for row in tx.all(f"SELECT id, lease_owner, lease_until FROM hk_responses WHERE status IN {_ACTIVE}"):
         if _owner_gone(row[1], row[2], now):
-            failed += tx.run(f"UPDATE hk_responses SET status = 'failed', error = ?, lease_owner = NULL, "
-                             f"lease_until = NULL WHERE id = ? AND status IN {_ACTIVE}", (_GONE, row[0]))
-    tx.run("DELETE FROM hk_events WHERE response_id IN (SELECT id FROM hk_responses WHERE expires_at <= ?)",
-           (now,))
+            failed += tx.run(
+                f"UPDATE hk_responses SET status = 'failed', error = ?, lease_owner = NULL, "
+                f"lease_until = NULL WHERE id = ? AND status IN {_ACTIVE}",
+                (_GONE, row[0]),
+            )
+    tx.run(
+        "DELETE FROM hk_events WHERE response_id IN (SELECT id FROM hk_responses WHERE expires_at <= ?)",
+        (now,),
+    )
     deleted = tx.run(f"DELETE FROM hk_responses WHERE expires_at <= ? AND status NOT IN {_ACTIVE}", (now,))
-    tx.run("DELETE FROM hk_items WHERE conversation_id IN (SELECT id FROM hk_conversations WHERE expires_at <= ?)",
-           (now,))
+    tx.run(
+        "DELETE FROM hk_items WHERE conversation_id IN "
+        "(SELECT id FROM hk_conversations WHERE expires_at <= ?)",
+        (now,),
+    )
     deleted += tx.run("DELETE FROM hk_conversations WHERE expires_at <= ?", (now,))
     return failed, deleted
 
 
 def _add_events(tx: Tx, rid: str, events: list[tuple[int, str]]) -> None:
-    tx.many("INSERT INTO hk_events (response_id, seq, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
-            [(rid, seq, data) for seq, data in events])
+    tx.many(
+        "INSERT INTO hk_events (response_id, seq, data) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        [(rid, seq, data) for seq, data in events],
+    )
 
 
-def _events(tx: Tx, owner: str, rid: str, after: int,
-            now: float) -> tuple[StoredResponse | None, list[tuple[int, str]]]:
+def _events(
+    tx: Tx, owner: str, rid: str, after: int, now: float
+) -> tuple[StoredResponse | None, list[tuple[int, str]]]:
     rec = _get_response(tx, owner, rid, now)
     if rec is None:
         return None, []
-    rows = tx.all("SELECT seq, data FROM hk_events WHERE response_id = ? AND seq > ? ORDER BY seq", (rid, after))
+    rows = tx.all(
+        "SELECT seq, data FROM hk_events WHERE response_id = ? AND seq > ? ORDER BY seq", (rid, after)
+    )
     return rec, [(int(s), d) for s, d in rows]
 
 
@@ -441,26 +546,43 @@ def _conversation(row: Row | None) -> Conversation | None:
 
 
 def _create_conversation(tx: Tx, conv: Conversation, items: list[dict[str, Any]], expires: float) -> None:
-    tx.run("INSERT INTO hk_conversations (id, owner, created_at, expires_at, metadata, next_pos) "
-           "VALUES (?, ?, ?, ?, ?, 0)", (conv.id, conv.owner, conv.created_at, expires, _dumps(conv.metadata)))
+    tx.run(
+        "INSERT INTO hk_conversations (id, owner, created_at, expires_at, metadata, next_pos) "
+        "VALUES (?, ?, ?, ?, ?, 0)",
+        (conv.id, conv.owner, conv.created_at, expires, _dumps(conv.metadata)),
+    )
     if items:
         _append(tx, conv.owner, conv.id, items, expires)
 
 
 def _get_conversation(tx: Tx, owner: str, cid: str, now: float) -> Conversation | None:
-    return _conversation(tx.one("SELECT id, owner, created_at, metadata FROM hk_conversations "
-                                "WHERE id = ? AND owner = ? AND expires_at > ?", (cid, owner, now)))
+    return _conversation(
+        tx.one(
+            "SELECT id, owner, created_at, metadata FROM hk_conversations "
+            "WHERE id = ? AND owner = ? AND expires_at > ?",
+            (cid, owner, now),
+        )
+    )
 
 
-def _update_conversation(tx: Tx, owner: str, cid: str, metadata: dict[str, Any], now: float,
-                         ttl: float) -> Conversation | None:
-    tx.run("UPDATE hk_conversations SET metadata = ?, expires_at = ? WHERE id = ? AND owner = ? AND expires_at > ?",
-           (_dumps(metadata), now + ttl, cid, owner, now))
+def _update_conversation(
+    tx: Tx, owner: str, cid: str, metadata: dict[str, Any], now: float, ttl: float
+) -> Conversation | None:
+    tx.run(
+        "UPDATE hk_conversations SET metadata = ?, expires_at = ? "
+        "WHERE id = ? AND owner = ? AND expires_at > ?",
+        (_dumps(metadata), now + ttl, cid, owner, now),
+    )
     return _get_conversation(tx, owner, cid, now)
 
 
 def _delete_conversation(tx: Tx, owner: str, cid: str, now: float) -> bool:
-    if tx.run("DELETE FROM hk_conversations WHERE id = ? AND owner = ? AND expires_at > ?", (cid, owner, now)) < 1:
+    if (
+        tx.run(
+            "DELETE FROM hk_conversations WHERE id = ? AND owner = ? AND expires_at > ?", (cid, owner, now)
+        )
+        < 1
+    ):
         return False
     tx.run("DELETE FROM hk_items WHERE conversation_id = ?", (cid,))
     return True
@@ -468,8 +590,11 @@ def _delete_conversation(tx: Tx, owner: str, cid: str, now: float) -> bool:
 
 def _append(tx: Tx, owner: str, cid: str, items: list[dict[str, Any]], expires: float) -> bool:
     # The counter's row lock orders concurrent appenders: each gets a block of positions.
-    row = tx.one("UPDATE hk_conversations SET next_pos = next_pos + ?, expires_at = ? "
-                 "WHERE id = ? AND owner = ? RETURNING next_pos", (len(items), expires, cid, owner))
+    row = tx.one(
+        "UPDATE hk_conversations SET next_pos = next_pos + ?, expires_at = ? "
+        "WHERE id = ? AND owner = ? RETURNING next_pos",
+        (len(items), expires, cid, owner),
+    )
     if row is None:
         return False
     start = int(row[0]) - len(items)
@@ -477,15 +602,19 @@ def _append(tx: Tx, owner: str, cid: str, items: list[dict[str, Any]], expires: 
     # every item of a conversation stays addressable by its id.
     ids = [item["id"] for item in items]
     marks = ",".join("?" * len(ids))
-    taken = {r[0] for r in tx.all(f"SELECT id FROM hk_items WHERE conversation_id = ? AND id IN ({marks})",
-                                  (cid, *ids))}
+    taken = {
+        r[0]
+        for r in tx.all(f"SELECT id FROM hk_items WHERE conversation_id = ? AND id IN ({marks})", (cid, *ids))
+    }
     seen: set[str] = set()
     for i, item in enumerate(items):
         if item["id"] in taken or item["id"] in seen:
             items[i] = {**item, "id": f"{item['id'].partition('_')[0]}_{uuid.uuid4().hex[:24]}"}
         seen.add(items[i]["id"])
-    tx.many("INSERT INTO hk_items (conversation_id, pos, id, item) VALUES (?, ?, ?, ?)",
-            [(cid, start + i, item["id"], _dumps(item)) for i, item in enumerate(items)])
+    tx.many(
+        "INSERT INTO hk_items (conversation_id, pos, id, item) VALUES (?, ?, ?, ?)",
+        [(cid, start + i, item["id"], _dumps(item)) for i, item in enumerate(items)],
+    )
     return True
 
 
@@ -495,8 +624,9 @@ def _add_items(tx: Tx, owner: str, cid: str, items: list[dict[str, Any]], now: f
     return _append(tx, owner, cid, items, now + ttl)
 
 
-def _items(tx: Tx, owner: str, cid: str, after: str | None, limit: int | None, order: str,
-           now: float) -> tuple[Conversation | None, list[dict[str, Any]], bool]:
+def _items(
+    tx: Tx, owner: str, cid: str, after: str | None, limit: int | None, order: str, now: float
+) -> tuple[Conversation | None, list[dict[str, Any]], bool]:
     conv = _get_conversation(tx, owner, cid, now)
     if conv is None:
         return None, [], False
@@ -517,8 +647,9 @@ def _items(tx: Tx, owner: str, cid: str, after: str | None, limit: int | None, o
     return conv, [orjson.loads(r[0]) for r in rows[:limit] if r], more
 
 
-def _get_item(tx: Tx, owner: str, cid: str, item_id: str,
-              now: float) -> tuple[Conversation | None, dict[str, Any] | None]:
+def _get_item(
+    tx: Tx, owner: str, cid: str, item_id: str, now: float
+) -> tuple[Conversation | None, dict[str, Any] | None]:
     conv = _get_conversation(tx, owner, cid, now)
     if conv is None:
         return None, None
