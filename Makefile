@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/grammar.py
 	$(BIN)/python benchmarks/data.py
 	$(BIN)/python benchmarks/scaling.py
+	$(BIN)/python benchmarks/store.py
 
 # Hypothesis's random search, long (not in CI, where it runs derandomized): each property test
 # tries FUZZ times its examples (tests/budget.py). Failures are kept in .hypothesis/ and replayed.

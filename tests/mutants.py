@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Mutant:
-    name: str  # area-what: the area is the first word (parser, render, mapping, stops, cache, gateway)
+    name: str  # area-what: the area is the first word (parser, render, mapping, stops, cache, gateway,
+    # store, state)
     path: str  # under src/harmonykit
     line: str  # the exact text of one line (stripped), found once in the file
     becomes: str
@@ -154,7 +155,28 @@ MUTANTS = [
     Mutant("gateway-no-early-refusal", "server/app.py",
            "if contexts and size > max(contexts) * _BYTES_PER_TOKEN_BOUND:", "if False:", ("test_server.py",)),
 ]
-# The store (issue 22) has no code yet: its mutants come with it.
+STATE = ("test_store.py", "test_stateful.py", "test_stateful_faults.py")
+MUTANTS += [
+    # -- the store and stored state (issue 22) -----------------------------------------------------------
+    Mutant("store-a-response-read-by-any-owner", "store/sql.py",
+           'f"SELECT {_RESPONSE_COLUMNS} FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?",',
+           'f"SELECT {_RESPONSE_COLUMNS} FROM hk_responses WHERE id = ? AND (owner = ? OR 1 = 1) AND expires_at > ?",',
+           STATE),
+    Mutant("store-appends-share-positions", "store/sql.py",
+           '"UPDATE hk_conversations SET next_pos = next_pos + ?, expires_at = ? "',
+           '"UPDATE hk_conversations SET next_pos = next_pos + 0 * ?, expires_at = ? "', STATE),
+    Mutant("store-finish-overwrites-a-cancel", "store/sql.py",
+           'cancelled = now_status == "cancelled"  # cancelled meanwhile: it stays so, with what it produced',
+           "cancelled = False", STATE),
+    Mutant("store-an-expired-lease-still-vouches", "store/sql.py",
+           "if lease_owner is None or lease_until is None or lease_until < now:",
+           "if lease_owner is None or lease_until is None:", STATE),
+    Mutant("store-items-ignore-order", "store/sql.py", 'desc = order == "desc"', "desc = False", STATE),
+    Mutant("state-chain-drops-inputs", "server/state.py", "items += rec.input", "pass", STATE),
+    Mutant("state-remote-cancel-ignored", "server/state.py",
+           "for rid in await self.store.cancelled(self.instance):", "for rid in []:", STATE),
+    Mutant("gateway-every-key-one-owner", "server/app.py", "return owner_of(key)", 'return owner_of("")', STATE),
+]
 
 
 def _copy() -> Path:

@@ -333,30 +333,57 @@ def test_disconnect_cancels_the_engine_request(gw_vllm: str, vllm: str, stream: 
     must outlast the abort: sampled freely it could end early on a stop token."""
     import socket
 
-    log = LOGS[vllm]
-
-    def count(what: str) -> int:
-        return log.read_text(errors="replace").count(what)
-
-    def wait(what: str, before: int, why: str) -> None:
-        deadline = time.monotonic() + 60  # a guard: the loop ends when it happens
-        while count(what) == before:
-            assert time.monotonic() < deadline, f"{why}; the engine's log ends:\n" + \
-                "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            time.sleep(0.05)
-
-    added, aborted = count("Added request"), count("Aborted request")
+    log = EngineLog(vllm)
+    added, aborted = log.count("Added request"), log.count("Aborted request")
     body = json.dumps({"model": CLIENT_MODEL, "messages": [{"role": "user", "content": "Go."}], "stream": stream,
-                       # exactly 900 tokens (7 s on a quiet machine): min_tokens holds off every stop
-                       # token, the random model's <|endoftext|> among them, and the seed fixes the rest
-                       "max_tokens": 900, "min_tokens": 900, "seed": 0,
-                       "logit_bias": {str(RETURN): -100, str(CALL): -100}}).encode()
+                       "max_tokens": 900, **LONG}).encode()
     host, port = gw_vllm.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait("Added request", added, "the request never reached the engine")
-    wait("Aborted request", aborted, "the engine was never told the client left")
+        log.wait("Added request", added, "the request never reached the engine")
+    log.wait("Aborted request", aborted, "the engine was never told the client left")
+
+
+# Exactly 900 tokens (7 s on a quiet machine): min_tokens holds off every stop token, the random
+# model's <|endoftext|> among them, and the seed fixes the rest. A generation that cannot end
+# before the test aborts it.
+LONG = {"min_tokens": 900, "seed": 0, "logit_bias": {str(RETURN): -100, str(CALL): -100}}
+
+
+class EngineLog:
+    """What a real engine wrote to its log, counted and waited for (a guard, never a timing)."""
+
+    def __init__(self, url: str) -> None:
+        self.path = LOGS[url]
+
+    def count(self, what: str) -> int:
+        return self.path.read_text(errors="replace").count(what)
+
+    def wait(self, what: str, before: int, why: str) -> None:
+        deadline = time.monotonic() + 60  # a guard: the loop ends when it happens
+        while self.count(what) == before:
+            assert time.monotonic() < deadline, f"{why}; the engine's log ends:\n" + \
+                "\n".join(self.path.read_text(errors="replace").splitlines()[-15:])
+            time.sleep(0.05)
+
+
+def test_stored_responses_over_vllm(gw_vllm: str, vllm: str) -> None:
+    """Over the real vLLM: a chain through previous_response_id, read back; a background response
+    cancelled while vLLM generates it, which aborts vLLM's request."""
+    c = openai.OpenAI(base_url=gw_vllm + "/v1", api_key="none", max_retries=0, timeout=300)
+    r1 = c.responses.create(model=CLIENT_MODEL, input="Hi", max_output_tokens=20)
+    r2 = c.responses.create(model=CLIENT_MODEL, input="Again", previous_response_id=r1.id, max_output_tokens=20)
+    got = c.responses.retrieve(r2.id)
+    assert got.previous_response_id == r1.id and got.status in ("completed", "incomplete")
+    assert [i.type for i in c.responses.input_items.list(r2.id)] == ["message"]
+    log = EngineLog(vllm)
+    added, aborted = log.count("Added request"), log.count("Aborted request")
+    bg = c.responses.create(model=CLIENT_MODEL, input="Go.", background=True, max_output_tokens=900, extra_body=LONG)
+    log.wait("Added request", added, "the background response never reached the engine")
+    assert c.responses.cancel(bg.id).status == "cancelled"
+    log.wait("Aborted request", aborted, "the engine was never told the response was cancelled")
+    assert c.responses.retrieve(bg.id).status == "cancelled"
 
 
 @pytest.fixture(scope="module")

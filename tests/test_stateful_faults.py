@@ -154,6 +154,48 @@ def test_the_database_stopped_mid_request_is_a_503_naming_it(engine: tuple[Engin
         assert c.responses.retrieve(r.id).output_text == "before"
 
 
+def test_a_slow_database_is_a_503_and_blocks_no_one_else(engine: tuple[Engine, str], postgres: Any) -> None:
+    """Another session holds the responses table locked: a stored response waits for its store
+    call's bound (10 s here) and is a 503 naming the store, while a chat request (no store),
+    sent once the stored one is seen waiting on the lock, is served meanwhile: the event loop
+    never waits on the database."""
+    import psycopg
+
+    _, up = engine
+    name = "slow" + str(os.getpid())
+    with psycopg.connect(postgres.url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    url = postgres.url.rsplit("/", 1)[0] + "/" + name
+    with serving(create_app(Settings(upstream=(up,), store=url, store_timeout=10))) as gw:
+        c = client(gw)
+        c.responses.create(model=MODEL, input="say:warm")  # the tables exist
+        with psycopg.connect(url) as locker:
+            locker.execute("LOCK TABLE hk_responses IN ACCESS EXCLUSIVE MODE")
+            result: dict[str, Any] = {}
+
+            def stored() -> None:
+                try:
+                    c.responses.create(model=MODEL, input="say:blocked")
+                except openai.APIStatusError as e:
+                    result["error"] = e
+            t = threading.Thread(target=stored)
+            t.start()
+            with psycopg.connect(url, autocommit=True) as watch:
+                for _ in range(1200):  # a guard: until the stored request waits on the lock
+                    if watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:  # type: ignore[index]
+                        break
+                    time.sleep(0.05)
+            chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "say:free"}])
+            assert chat.choices[0].message.content == "free" and t.is_alive()  # served while the other waits
+            t.join(120)
+            locker.rollback()
+        err = result["error"]
+        assert err.status_code == 503 and f"the store (postgresql 127.0.0.1:{postgres.port}/{name}) did not answer " \
+            "within 10 s" in err.message
+        assert c.responses.create(model=MODEL, input="say:after").output_text == "after"
+
+
 # -- the OpenAI Agents SDK -------------------------------------------------------------------
 
 

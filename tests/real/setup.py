@@ -9,6 +9,8 @@ under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
 - ``llamacpp/``: a venv with ``xllamacpp`` (llama.cpp's own server, built with LLGuidance);
 - ``llama.cpp/``: ``convert_hf_to_gguf.py`` and ``gguf-py`` from the llama-cpp-python
   source archive (the llama.cpp it bundles);
+- Debian's ``postgresql`` server, when it is not on the machine (the store tests start
+  their own in a temporary folder);
 - ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF;
 - this checkout of harmonykit, installed editable in vLLM's venv (its plugin entry point and
   logits processor are then what vLLM loads), again whenever the checkout or its
@@ -95,8 +97,22 @@ def install_checkout(venv: Path) -> None:
     print(f"engines: this checkout ({CHECKOUT}) installed in {venv}", flush=True)
 
 
+def postgresql() -> None:
+    """Debian's PostgreSQL server for the store tests: installed when missing (root with apt-get)."""
+    import glob
+
+    if shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise SystemExit("the store tests need PostgreSQL's server: install Debian's postgresql package")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"], check=True, env=env)
+
+
 def main() -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
+    postgresql()
     install_checkout(_venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"]))
     _venv("llamacpp", XLLAMACPP)
     tree = _llama_cpp_tree()

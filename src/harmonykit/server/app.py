@@ -244,7 +244,9 @@ class Gateway(StatefulRoutes):
                 if request.get("background"):
                     return await self._background(send, receive, request, job, info, owner, rid, own)
                 snapshot = self._responses_stream(request, job, rid).response("in_progress", [])
-                record = await self.state.begin(snapshot, request, own, owner)
+                record = self.state.record(snapshot, request, own, owner)
+                if request.get("stream"):  # its id is out before it ends: stored from the start
+                    await self.state.begin(record)
             elif request.get("background"):
                 raise HTTPError(400, "background responses are stored responses: send store true (the "
                                      "default) with background", param="store")
@@ -485,8 +487,13 @@ class Gateway(StatefulRoutes):
         ``stream: true`` the client follows its events, and may come back for them."""
         assert self.state is not None
         state = self.state
+        # Background responses outlive their requests: they count against --max-concurrency too.
+        if len(state.tasks) + self.active > self.settings.max_concurrency:
+            raise HTTPError(429, f"the gateway is generating its maximum of {self.settings.max_concurrency} "
+                                 "responses; retry shortly", code="concurrency_limit")
         snapshot = self._responses_stream(request, job, rid).response("queued", [])
-        record = await state.begin(snapshot, request, own, owner)
+        record = state.record(snapshot, request, own, owner)
+        await state.begin(record)
         live = state.live[rid] = Live()
         state.tasks[rid] = asyncio.ensure_future(self._generate(record, request, job, live, dict(info)))
         info["background"] = True
@@ -525,6 +532,7 @@ class Gateway(StatefulRoutes):
             except HTTPError as e:
                 await emit(out.feed([]) + out.fail(e.message), True)
                 return
+            await state.store.start_response(record.id, state.instance)
             await emit(out.feed([]), False)
             end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
             await self._pump(emit, batches, out, end, info)

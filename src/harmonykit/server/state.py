@@ -14,6 +14,7 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from ..openai import RequestError
@@ -80,7 +81,7 @@ class State:
         self.instance = instance_id()  # the lease owner this process writes
         self.tasks: dict[str, asyncio.Task[None]] = {}  # background responses generated here
         self.live: dict[str, Live] = {}
-        self.held = 0  # responses this process holds a lease on
+        self.begun: set[str] = set()  # responses stored as started, leased to this process
         self._loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -111,7 +112,7 @@ class State:
             await asyncio.sleep(0.25)
             try:
                 now = time.monotonic()
-                if self.held and now - renewed >= self.lease / 3:
+                if self.begun and now - renewed >= self.lease / 3:
                     await self.store.renew(self.instance, time.time() + self.lease)
                     renewed = now
                 if self.tasks:
@@ -191,13 +192,13 @@ class State:
 
     # -- a response's life ------------------------------------------------------------
 
-    async def begin(
+    def record(
         self, response: dict[str, Any], request: dict[str, Any], own: Any, owner: str
     ) -> StoredResponse:
-        """Store a response as it starts, leased to this process (``own``: its input as the client
-        sent it, without the history in front)."""
+        """The record of a response about to be generated (``own``: its input as the client sent
+        it, without the history in front), leased to this process; nothing stored yet."""
         conversation = request.get("conversation")
-        record = StoredResponse(
+        return StoredResponse(
             id=response["id"],
             owner=owner,
             created_at=float(response["created_at"]),
@@ -210,31 +211,42 @@ class State:
             lease_owner=self.instance,
             lease_until=time.time() + self.lease,
         )
+
+    async def begin(self, record: StoredResponse) -> None:
+        """Store a response as it starts (one whose id a client sees before it ends: streamed, or
+        in the background), so that it is never left in progress by a gateway that dies."""
         try:
             await self.store.create_response(record)
         except StoreError as e:
             raise unavailable(e) from None
-        self.held += 1
-        return record
+        self.begun.add(record.id)
 
     async def finish(self, record: StoredResponse, response: dict[str, Any]) -> bool:
-        """Store a response as it ended (and append its input and output to its conversation),
-        before its last event goes out. False when it was cancelled meanwhile. Raises StoreError."""
+        """Store a response as it ended (and append its input and output to its conversation, in
+        the same transaction), before its last event goes out. A response never begun (answered
+        whole) is stored in one write. False when it was cancelled meanwhile. Raises StoreError."""
         items = (
-            record.input + [i for i in response.get("output") or []]
-            if record.conversation_id is not None
-            else None
+            record.input + list(response.get("output") or []) if record.conversation_id is not None else None
         )
+        if record.id not in self.begun:
+            final = replace(
+                record, status=response["status"], body=response, lease_owner=None, lease_until=None
+            )
+            await self.store.create_response(final, items)
+            return True
         try:
             return await self.store.finish_response(
                 record.id, self.instance, response["status"], response, items
             )
         finally:
-            self.held -= 1
+            self.begun.discard(record.id)
 
     async def abandon(self, record: StoredResponse, response: dict[str, Any], why: str) -> None:
         """A response that ends without an answer (the client left, the engine failed): failed, saying
-        why, with what it produced. A store that fails here is logged: the lease runs out anyway."""
+        why, with what it produced (one never begun is not stored at all: no client knows its id).
+        A store that fails here is logged: the lease runs out anyway."""
+        if record.id not in self.begun:
+            return
         failed = {**response, "status": "failed", "error": {"code": "server_error", "message": why}}
         try:
             await self.finish(record, failed)

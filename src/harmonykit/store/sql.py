@@ -257,9 +257,12 @@ class Store:
 
     # -- responses ---------------------------------------------------------------
 
-    async def create_response(self, record: StoredResponse) -> None:
-        """Insert a response as it starts (``queued`` / ``in_progress``, leased by its generator)."""
-        await self._run(_insert_response, record, record.created_at + self.ttl)
+    async def create_response(
+        self, record: StoredResponse, conversation_items: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Insert a response: as it starts (``queued`` / ``in_progress``, leased by its generator), or
+        ended, with its input and output appended to its conversation in the same transaction."""
+        await self._run(_insert_response, record, record.created_at + self.ttl, conversation_items)
 
     async def finish_response(
         self,
@@ -274,6 +277,10 @@ class Store:
         return await self._run(
             _finish_response, rid, lease_owner, status, body, conversation_items, time.time() + self.ttl
         )
+
+    async def start_response(self, rid: str, lease_owner: str) -> None:
+        """A background response leaves the queue: ``queued`` -> ``in_progress``."""
+        await self._run(_start_response, rid, lease_owner)
 
     async def get_response(self, owner: str, rid: str) -> StoredResponse | None:
         """The response (None when unknown, expired or another owner's); one whose generator is
@@ -366,7 +373,9 @@ def _create_schema(tx: Tx) -> None:
         )
 
 
-def _insert_response(tx: Tx, r: StoredResponse, expires: float) -> None:
+def _insert_response(
+    tx: Tx, r: StoredResponse, expires: float, items: list[dict[str, Any]] | None = None
+) -> None:
     tx.run(
         f"INSERT INTO hk_responses ({_RESPONSE_COLUMNS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
@@ -385,6 +394,8 @@ def _insert_response(tx: Tx, r: StoredResponse, expires: float) -> None:
             expires,
         ),
     )
+    if r.conversation_id is not None and items:
+        _append(tx, r.owner, r.conversation_id, items, expires)
 
 
 def _finish_response(
@@ -421,6 +432,14 @@ def _finish_response(
     if conversation is not None and items and not cancelled:
         _append(tx, owner, conversation, items, expires)
     return not cancelled
+
+
+def _start_response(tx: Tx, rid: str, lease_owner: str) -> None:
+    tx.run(
+        "UPDATE hk_responses SET status = 'in_progress' "
+        "WHERE id = ? AND lease_owner = ? AND status = 'queued'",
+        (rid, lease_owner),
+    )
 
 
 def _fail_if_gone(tx: Tx, rec: StoredResponse, now: float) -> StoredResponse:
