@@ -201,3 +201,18 @@ def test_a_failed_database_is_a_store_error_naming_it(tmp_path: Any) -> None:
             run(s.open())
     finally:
         os.chmod(folder, 0o700)
+
+
+def test_settings_check_the_store_and_never_show_a_password() -> None:
+    from harmonykit.server import Settings
+    from harmonykit.server.settings import duration
+
+    with pytest.raises(ValueError) as err:
+        Settings(upstream=("http://127.0.0.1:1",), store="mysql://admin:hunter2@db1/x")
+    assert "hunter2" not in str(err.value) and "db1" in str(err.value)
+    env = {"HARMONYKIT_STORE_TTL": "12h", "HARMONYKIT_STORE": "none"}
+    s = Settings.from_sources({"upstream": ["http://127.0.0.1:1"]}, env)
+    assert s.store_ttl == 43200 and s.store_url == "none"
+    with pytest.raises(ValueError, match="not a duration"):
+        Settings.from_sources({"upstream": ["http://127.0.0.1:1"]}, {"HARMONYKIT_STORE_TTL": "soon"})
+    assert duration("90") == 90 and duration("15m") == 900

@@ -302,13 +302,14 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
                        f"({e.name} is missing)") from None
     try:
         settings = Settings.from_sources(vars(args))
+        app = create_app(settings)  # opens nothing yet: a store's driver missing is said here
     except ValueError as e:
         raise CLIError(str(e)) from None
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("harmonykit.server").setLevel(logging.INFO)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
                 loop="auto", lifespan="on", timeout_graceful_shutdown=5,
                 **uvicorn_options(settings.header_timeout))
     return 0

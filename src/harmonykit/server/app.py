@@ -546,6 +546,11 @@ class Gateway(StatefulRoutes):
             log.warning("store: %s (background response %s)", e.message, record.id)
             with contextlib.suppress(StoreError):
                 await state.finish(record, out.fail(e.message)[-1]["response"])
+        except Exception as e:  # a bug of ours: the response still ends, failed, and it is logged
+            log.exception("internal error in background response %s", record.id)
+            with contextlib.suppress(StoreError):
+                await state.finish(record, out.fail(f"internal error in harmonykit: {type(e).__name__}")[-1]
+                                   ["response"])
         finally:
             live.add([], done=True)
             state.tasks.pop(record.id, None)

@@ -72,6 +72,10 @@ class Settings:
             if not key.isascii() or not key.isprintable():
                 raise ValueError("--api-key must be printable ASCII: HTTP headers cannot carry other "
                                  "characters, so no client could ever send it")
+        if self.store is not None:
+            from ..store import check_store_url
+
+            check_store_url(self.store)
         for name in ("store_ttl", "store_lease", "store_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -37,6 +37,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoredResponse",
+    "check_store_url",
     "default_store_url",
     "open_store",
 ]
@@ -55,14 +56,24 @@ def default_store_url() -> str:
     return f"sqlite:///{base / 'harmonykit' / 'store.db'}"
 
 
-def open_store(url: str, *, ttl: float = 30 * 86400.0, timeout: float = 10.0) -> Store | None:
-    """The store at ``url`` (None for ``none``); ``ttl``: seconds an object is kept after its last
-    change; ``timeout``: seconds a store call may take before it is a :class:`StoreError`."""
+def check_store_url(url: str) -> str | None:
+    """The backend's scheme for ``url`` (None for ``none``), or a ValueError saying what to give."""
     if url.strip().lower() == "none":
         return None
     scheme = url.partition(":")[0].lower()
     if scheme not in BACKENDS or "://" not in url:
-        raise ValueError(f"store {url!r}: give sqlite:///PATH, postgresql://USER@HOST:PORT/DB or none")
+        # never a password in a message
+        shown = url.split("://")[0] + "://...@" + url.split("@")[-1] if "@" in url else url
+        raise ValueError(f"store {shown!r}: give sqlite:///PATH, postgresql://USER@HOST:PORT/DB or none")
+    return scheme
+
+
+def open_store(url: str, *, ttl: float = 30 * 86400.0, timeout: float = 10.0) -> Store | None:
+    """The store at ``url`` (None for ``none``); ``ttl``: seconds an object is kept after its last
+    change; ``timeout``: seconds a store call may take before it is a :class:`StoreError`."""
+    scheme = check_store_url(url)
+    if scheme is None:
+        return None
     module, _, name = BACKENDS[scheme].partition(":")
     try:
         backend = getattr(importlib.import_module(module), name)(url)
