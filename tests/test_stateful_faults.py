@@ -104,6 +104,8 @@ def test_two_gateways_on_one_postgresql(engine: tuple[Engine, str], postgres: An
         assert [text.index(f"say:turn{i}") for i in range(6)] == sorted(text.index(f"say:turn{i}") for i in range(6))
         bg = a.responses.create(model=MODEL, input="say:polled", background=True)
         assert wait_until_done(b, bg.id).output_text == "polled"
+        events = list(b.responses.retrieve(bg.id, stream=True))  # from the store: b never had it live
+        assert events[-1].type == "response.completed" and events[-1].response.output_text == "polled"
         eng.pause_at, eng.resume = 3, threading.Event()
         cancelled = eng.cancelled
         try:
@@ -112,7 +114,12 @@ def test_two_gateways_on_one_postgresql(engine: tuple[Engine, str], postgres: An
                 if eng.active:
                     break
                 time.sleep(0.05)
+            followed: list[Any] = []
+            follower = threading.Thread(target=lambda: followed.extend(b.responses.retrieve(bg.id, stream=True)))
+            follower.start()  # b follows it from the store while a generates it
             assert b.responses.cancel(bg.id).status == "cancelled"
+            follower.join(120)
+            assert not follower.is_alive() and followed and followed[0].type == "response.created"
             for _ in range(600):  # the first gateway sees it and aborts the engine's request
                 if eng.cancelled > cancelled:
                     break

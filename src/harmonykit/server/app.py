@@ -44,7 +44,7 @@ from .errors import HTTPError
 from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
 from .metrics import Metrics
 from .settings import Settings
-from .state import Live, State, owner_of, unavailable
+from .state import EventWriter, Live, State, owner_of, unavailable
 from .stateful import Receive, Route, Scope, Send, StatefulRoutes, json_response
 from .stateful import pattern as _pattern
 from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
@@ -511,17 +511,14 @@ class Gateway(StatefulRoutes):
         state = self.state
         out = self._responses_stream(request, job, record.id)
         out.created_at = record.created_at
-        pending: list[tuple[int, str]] = []
+        # Kept whether or not its creator streams: any client may stream it again, from any replica.
+        writer = EventWriter(state.store, record.id)
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
             frames = [(e["sequence_number"], _frame(e, "responses")) for e in events]
-            # Kept whether or not its creator streams: any client may stream it again, from any replica.
-            pending.extend((seq, frame.decode()) for seq, frame in frames)
-            if last or len(pending) >= 64:
-                batch = pending[:]
-                pending.clear()
-                await state.store.add_events(record.id, batch)
+            writer.add(frames)
             if last:
+                await writer.drain()
                 await state.finish(record, events[-1]["response"])
             live.add(frames, done=last)
 
@@ -538,8 +535,7 @@ class Gateway(StatefulRoutes):
             await self._pump(emit, batches, out, end, info)
         except asyncio.CancelledError:  # cancelled (the store keeps that), or the gateway shutting down
             with contextlib.suppress(StoreError):
-                if pending:
-                    await state.store.add_events(record.id, pending)
+                await writer.drain()
                 await state.finish(record, out.fail("the gateway shut down before the response ended")[-1]
                                    ["response"])
         except StoreError as e:

@@ -72,6 +72,34 @@ class Live:
             await wake.wait()
 
 
+class EventWriter:
+    """A background stream's events on their way to the store, for followers on other gateways:
+    written as they come, a batch at a time, by one task of their own (generation never waits
+    for the store), every one of them before the response is stored as ended."""
+
+    def __init__(self, store: Store, rid: str) -> None:
+        self.store, self.rid = store, rid
+        self.pending: list[tuple[int, str]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, frames: list[tuple[int, bytes]]) -> None:
+        self.pending += [(seq, frame.decode()) for seq, frame in frames]
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            await self.store.add_events(self.rid, batch)
+
+    async def drain(self) -> None:
+        """Every event written (raises the StoreError of a write that failed)."""
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+        await self._flush()
+
+
 class State:
     """Stored responses and conversations for one gateway process."""
 
@@ -283,8 +311,8 @@ class State:
             if events:
                 after = events[-1][0]
                 yield [data.encode() for _, data in events]
-            elif rec.status in TERMINAL:
-                return
+            elif rec.status in TERMINAL and rec.lease_owner is None:
+                return  # ended, and its generator wrote its last events and let go
             else:
                 await asyncio.sleep(POLL_SECONDS)
 
