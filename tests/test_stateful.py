@@ -125,6 +125,11 @@ def test_delete_and_unknown_and_malformed_ids(gw: str) -> None:
         assert got.status_code == 400 and "Expected an ID that begins with 'resp_'" in got.json()["error"]["message"]
     assert raw(gw, "POST", "/v1/responses", json={"model": MODEL, "input": "x", "previous_response_id": 5}).status_code == 400
     assert raw(gw, "GET", "/v1/conversations/resp_1").status_code == 400
+    for n in range(3):  # unknown paths are no label of their own
+        assert raw(gw, "GET", f"/v1/nothing/{n}").status_code == 404
+    metrics = raw(gw, "GET", "/metrics").text
+    assert 'endpoint="/v1/responses/{response_id}",status="404"' in metrics
+    assert "resp_" not in metrics and "/v1/nothing" not in metrics
 
 
 def test_a_previous_response_still_running_is_refused(gw: str, engine: tuple[Engine, str]) -> None:

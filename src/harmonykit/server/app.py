@@ -136,7 +136,7 @@ class Gateway(StatefulRoutes):
             info["error"] = f"internal error: {type(e).__name__}"
             with contextlib.suppress(Exception):
                 await _json_response(send, 500, HTTPError(500, "internal error in harmonykit").body())
-        if endpoint.startswith("/v1/"):
+        if endpoint.startswith("/v1/") and route is not None:  # known endpoints only: labels stay few
             self.metrics.requests.labels(endpoint, str(status)).inc()
             info["status"] = status
             info["ms"] = round((time.perf_counter() - t0) * 1000, 2)
