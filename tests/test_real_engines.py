@@ -371,7 +371,9 @@ class EngineLog:
 def test_stored_responses_over_vllm(gw_vllm: str, vllm: str) -> None:
     """Over the real vLLM: a chain through previous_response_id, read back; a background response
     cancelled while vLLM generates it, which aborts vLLM's request."""
-    c = openai.OpenAI(base_url=gw_vllm + "/v1", api_key="none", max_retries=0, timeout=300)
+    # The SDK's own retries (2): a pooled connection idle past uvicorn's keep-alive (5 s, while the
+    # test waits on vLLM's log under load) may be closed as it is reused, and clients retry that.
+    c = openai.OpenAI(base_url=gw_vllm + "/v1", api_key="none", max_retries=2, timeout=300)
     r1 = c.responses.create(model=CLIENT_MODEL, input="Hi", max_output_tokens=20)
     r2 = c.responses.create(model=CLIENT_MODEL, input="Again", previous_response_id=r1.id, max_output_tokens=20)
     got = c.responses.retrieve(r2.id)

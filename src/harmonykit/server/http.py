@@ -50,6 +50,12 @@ def header_deadline_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
     return HeaderDeadline
 
 
+#: Seconds an idle keep-alive connection is kept. Past the 5 s after which clients built on httpx
+#: (the openai SDK) let theirs go: with uvicorn's own 5 s the two closes race, and a request sent
+#: on a connection the server is closing is reset.
+KEEP_ALIVE = 30
+
+
 def uvicorn_options(header_timeout: float) -> dict[str, Any]:
     """What ``uvicorn.Config`` needs for the gateway's protocol."""
-    return {"http": header_deadline_protocol(header_timeout)}
+    return {"http": header_deadline_protocol(header_timeout), "timeout_keep_alive": KEEP_ALIVE}

@@ -214,8 +214,7 @@ class State:
                     f"it to end (GET /v1/responses/{rec.id})",
                     param="previous_response_id",
                 )
-            items += rec.input
-            items += rec.body.get("output") or []
+            items += rec.items
         return items
 
     # -- a response's life ------------------------------------------------------------

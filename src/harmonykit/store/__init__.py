@@ -26,13 +26,14 @@ import importlib
 import os
 from pathlib import Path
 
-from .records import ACTIVE, TERMINAL, Conversation, StoredResponse
+from .records import ACTIVE, TERMINAL, ChainLink, Conversation, StoredResponse
 from .sql import Store, StoreError
 
 __all__ = [
     "ACTIVE",
     "BACKENDS",
     "TERMINAL",
+    "ChainLink",
     "Conversation",
     "Store",
     "StoreError",

@@ -34,6 +34,17 @@ class StoredResponse:
 
 
 @dataclass(frozen=True)
+class ChainLink:
+    """One response of a ``previous_response_id`` chain, as a continuation needs it: its own input
+    items, then its output items."""
+
+    id: str
+    previous_id: str | None
+    status: str
+    items: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Conversation:
     """A conversation (its items are kept apart, in order)."""
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from .records import ACTIVE, Conversation, StoredResponse
+from .records import ACTIVE, ChainLink, Conversation, StoredResponse
 
 T = TypeVar("T")
 Row = Sequence[Any]
@@ -60,7 +60,7 @@ _SCHEMA = [
         id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at {float} NOT NULL,
         expires_at {float} NOT NULL, status TEXT NOT NULL, background INTEGER NOT NULL,
         previous_id TEXT, conversation_id TEXT, body TEXT NOT NULL, input TEXT NOT NULL,
-        error TEXT, lease_owner TEXT, lease_until {float})""",
+        output TEXT NOT NULL, error TEXT, lease_owner TEXT, lease_until {float})""",
     """CREATE INDEX IF NOT EXISTS hk_responses_active ON hk_responses (status, lease_until)""",
     """CREATE INDEX IF NOT EXISTS hk_responses_expiry ON hk_responses (expires_at)""",
     """CREATE TABLE IF NOT EXISTS hk_events (
@@ -287,7 +287,7 @@ class Store:
         gone is marked ``failed`` first."""
         return await self._run(_get_response, owner, rid, time.time())
 
-    async def chain(self, owner: str, rid: str) -> list[StoredResponse]:
+    async def chain(self, owner: str, rid: str) -> list[ChainLink]:
         """The response and those it continues, oldest first (stops at a missing link)."""
         return await self._run(_chain, owner, rid, time.time())
 
@@ -377,7 +377,8 @@ def _insert_response(
     tx: Tx, r: StoredResponse, expires: float, items: list[dict[str, Any]] | None = None
 ) -> None:
     tx.run(
-        f"INSERT INTO hk_responses ({_RESPONSE_COLUMNS}, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO hk_responses ({_RESPONSE_COLUMNS}, expires_at, output) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             r.id,
             r.owner,
@@ -392,6 +393,7 @@ def _insert_response(
             r.lease_until,
             None,
             expires,
+            _dumps(r.body.get("output") or []),
         ),
     )
     if r.conversation_id is not None and items:
@@ -419,11 +421,12 @@ def _finish_response(
     error = None if cancelled else body.pop("error", None)
     body.pop("error", None)
     tx.run(
-        "UPDATE hk_responses SET status = ?, body = ?, error = ?, lease_owner = NULL, lease_until = NULL, "
-        "expires_at = ? WHERE id = ?",
+        "UPDATE hk_responses SET status = ?, body = ?, output = ?, error = ?, lease_owner = NULL, "
+        "lease_until = NULL, expires_at = ? WHERE id = ?",
         (
             now_status if cancelled else status,
             _dumps({**body, "error": None}),
+            _dumps(body.get("output") or []),
             None if error is None else _dumps(error),
             expires,
             rid,
@@ -463,17 +466,24 @@ def _get_response(tx: Tx, owner: str, rid: str, now: float) -> StoredResponse | 
     return None if row is None else _fail_if_gone(tx, _record(row), now)
 
 
-def _chain(tx: Tx, owner: str, rid: str, now: float) -> list[StoredResponse]:
+def _chain(tx: Tx, owner: str, rid: str, now: float) -> list[ChainLink]:
+    # Only what a continuation needs of each response (its input, its output): never its body.
     rows = tx.all(
         "WITH RECURSIVE chain(id, previous_id, depth) AS ("
         " SELECT id, previous_id, 0 FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?"
         " UNION ALL SELECT r.id, r.previous_id, c.depth + 1 FROM hk_responses r JOIN chain c"
         " ON r.id = c.previous_id WHERE r.owner = ? AND r.expires_at > ?)"
-        f" SELECT {', '.join('r.' + c.strip() for c in _RESPONSE_COLUMNS.split(','))}"
+        " SELECT r.id, r.previous_id, r.status, r.input, r.output, r.lease_owner, r.lease_until"
         " FROM chain c JOIN hk_responses r ON r.id = c.id ORDER BY c.depth DESC",
         (rid, owner, now, owner, now),
     )
-    return [_fail_if_gone(tx, _record(row), now) for row in rows]
+    links = []
+    for link_id, previous, status, items, output, lease_owner, lease_until in rows:
+        if status in ACTIVE and _owner_gone(lease_owner, lease_until, now):
+            got = _get_response(tx, owner, link_id, now)  # marks it failed
+            status = got.status if got is not None else "failed"
+        links.append(ChainLink(link_id, previous, status, orjson.loads(items) + orjson.loads(output)))
+    return links
 
 
 def _delete_response(tx: Tx, owner: str, rid: str, now: float) -> bool:
