@@ -173,6 +173,14 @@ def _record(row: Row) -> StoredResponse:
     )
 
 
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if not future.done():  # a late answer after the timeout, or a waiter gone: dropped
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
@@ -198,12 +206,12 @@ class Store:
             conn = self._local.conn = self.backend.connect()
         return conn
 
-    def _transact(self, fn: Callable[..., T], *args: Any) -> T:
+    def _transact(self, write: bool, fn: Callable[..., T], *args: Any) -> T:
         try:
             conn = self._connection()
             cursor = conn.cursor()
             try:
-                if self.backend.begin:
+                if write and self.backend.begin:  # a read is its own statement's snapshot
                     cursor.execute(self.backend.begin)
                 result = fn(Tx(cursor, self.backend.placeholder, self.backend.float_type), *args)
                 conn.commit()
@@ -229,13 +237,32 @@ class Store:
             except Exception:
                 pass
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """A call that mostly reads: no write lock taken up front (SQLite's BEGIN IMMEDIATE), so
+        readers on other gateway processes never queue behind it."""
+        return await self._run(fn, *args, write=False)
+
+    async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        # One future the worker thread resolves, and one timer: no wrapping task (wait_for's) on
+        # the path every stored request takes several times.
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, self._transact, fn, *args)
+        done: asyncio.Future[T] = loop.create_future()
+
+        def work() -> None:
+            try:
+                result = self._transact(write, fn, *args)
+            except BaseException as e:
+                loop.call_soon_threadsafe(_settle, done, None, e)
+            else:
+                loop.call_soon_threadsafe(_settle, done, result, None)
+
+        self._pool.submit(work)
+        late = StoreError(f"the store ({self.name}) did not answer within {self.timeout:g} s")
+        timer = loop.call_later(self.timeout, _settle, done, None, late)
         try:
-            return await asyncio.wait_for(future, self.timeout)
-        except asyncio.TimeoutError:
-            raise StoreError(f"the store ({self.name}) did not answer within {self.timeout:g} s") from None
+            return await done
+        finally:
+            timer.cancel()
 
     async def open(self) -> None:
         """Create the tables (once; safe from many gateways at once)."""
@@ -285,11 +312,11 @@ class Store:
     async def get_response(self, owner: str, rid: str) -> StoredResponse | None:
         """The response (None when unknown, expired or another owner's); one whose generator is
         gone is marked ``failed`` first."""
-        return await self._run(_get_response, owner, rid, time.time())
+        return await self._read(_get_response, owner, rid, time.time())
 
     async def chain(self, owner: str, rid: str) -> list[ChainLink]:
         """The response and those it continues, oldest first (stops at a missing link)."""
-        return await self._run(_chain, owner, rid, time.time())
+        return await self._read(_chain, owner, rid, time.time())
 
     async def delete_response(self, owner: str, rid: str) -> bool:
         return await self._run(_delete_response, owner, rid, time.time())
@@ -301,7 +328,7 @@ class Store:
 
     async def cancelled(self, lease_owner: str) -> list[str]:
         """Responses this generator holds that were cancelled (from any gateway)."""
-        return await self._run(_cancelled, lease_owner)
+        return await self._read(_cancelled, lease_owner)
 
     async def release(self, rid: str, lease_owner: str) -> None:
         await self._run(_release, rid, lease_owner)
@@ -322,7 +349,7 @@ class Store:
         self, owner: str, rid: str, after: int
     ) -> tuple[StoredResponse | None, list[tuple[int, str]]]:
         """The response now, and its stored events numbered above ``after``."""
-        return await self._run(_events, owner, rid, after, time.time())
+        return await self._read(_events, owner, rid, after, time.time())
 
     # -- conversations -----------------------------------------------------------
 
@@ -330,7 +357,7 @@ class Store:
         await self._run(_create_conversation, conv, items, time.time() + self.ttl)
 
     async def get_conversation(self, owner: str, cid: str) -> Conversation | None:
-        return await self._run(_get_conversation, owner, cid, time.time())
+        return await self._read(_get_conversation, owner, cid, time.time())
 
     async def update_conversation(
         self, owner: str, cid: str, metadata: dict[str, Any]
@@ -349,12 +376,12 @@ class Store:
     ) -> tuple[Conversation | None, list[dict[str, Any]], bool]:
         """The conversation, its items in ``order`` after the item ``after`` (at most ``limit``),
         and whether more follow. ``after`` unknown: no items."""
-        return await self._run(_items, owner, cid, after, limit, order, time.time())
+        return await self._read(_items, owner, cid, after, limit, order, time.time())
 
     async def get_item(
         self, owner: str, cid: str, item_id: str
     ) -> tuple[Conversation | None, dict[str, Any] | None]:
-        return await self._run(_get_item, owner, cid, item_id, time.time())
+        return await self._read(_get_item, owner, cid, item_id, time.time())
 
     async def delete_item(self, owner: str, cid: str, item_id: str) -> tuple[Conversation | None, bool]:
         return await self._run(_delete_item, owner, cid, item_id, time.time())
@@ -468,17 +495,19 @@ def _get_response(tx: Tx, owner: str, rid: str, now: float) -> StoredResponse | 
 
 def _chain(tx: Tx, owner: str, rid: str, now: float) -> list[ChainLink]:
     # Only what a continuation needs of each response (its input, its output): never its body.
+    # The rows are carried through the recursion (no join back), newest first.
+    cols = "id, previous_id, status, input, output, lease_owner, lease_until"
     rows = tx.all(
-        "WITH RECURSIVE chain(id, previous_id, depth) AS ("
-        " SELECT id, previous_id, 0 FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?"
-        " UNION ALL SELECT r.id, r.previous_id, c.depth + 1 FROM hk_responses r JOIN chain c"
-        " ON r.id = c.previous_id WHERE r.owner = ? AND r.expires_at > ?)"
-        " SELECT r.id, r.previous_id, r.status, r.input, r.output, r.lease_owner, r.lease_until"
-        " FROM chain c JOIN hk_responses r ON r.id = c.id ORDER BY c.depth DESC",
+        f"WITH RECURSIVE chain({cols}, depth) AS ("
+        f" SELECT {cols}, 0 FROM hk_responses WHERE id = ? AND owner = ? AND expires_at > ?"
+        f" UNION ALL SELECT {', '.join('r.' + c for c in cols.split(', '))}, c.depth + 1 FROM hk_responses r"
+        " JOIN chain c ON r.id = c.previous_id WHERE r.owner = ? AND r.expires_at > ?)"
+        f" SELECT {cols}, depth FROM chain",
         (rid, owner, now, owner, now),
     )
+    rows.sort(key=lambda row: -row[-1])  # oldest first (a CTE's order is not promised)
     links = []
-    for link_id, previous, status, items, output, lease_owner, lease_until in rows:
+    for link_id, previous, status, items, output, lease_owner, lease_until, _ in rows:
         if status in ACTIVE and _owner_gone(lease_owner, lease_until, now):
             got = _get_response(tx, owner, link_id, now)  # marks it failed
             status = got.status if got is not None else "failed"
