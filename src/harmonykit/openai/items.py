@@ -2,7 +2,7 @@
 (ids, statuses and content parts as the SDK's ``ResponseItem`` / ``ConversationItem``
 types have them), ids checked, lists paged. Pure: the store keeps what these return.
 
->>> [i["content"] for i in input_items({"input": "Hi"})]
+>>> [listed_item(i)["content"] for i in input_items({"input": "Hi"})]
 [[{'type': 'input_text', 'text': 'Hi'}]]
 """
 
@@ -52,8 +52,9 @@ def _parts(content: Any, kind: str) -> Any:
 
 
 def stored_item(item: Any) -> dict[str, Any]:
-    """One input item as it is kept: with ``type``, an ``id`` and a ``status``, a message's text
-    as content parts. What it renders to is unchanged (the renderer reads both shapes)."""
+    """One input item as it is kept: the client's, with ``type``, an ``id`` and a ``status``
+    added, and nothing else changed (a message's string content stays a string: rendered again
+    in a chain, it takes the render cache's fastest path, as the client's own would)."""
     if not isinstance(item, dict):
         return {
             "id": new_id("msg"),
@@ -64,18 +65,28 @@ def stored_item(item: Any) -> dict[str, Any]:
         }
     out = dict(item)
     kind = out.setdefault("type", "message")
-    if kind == "message":
-        part = "output_text" if out.get("role") == "assistant" else "input_text"
-        out["content"] = _parts(out.get("content"), part)
-        if part == "output_text":
-            for p in out["content"] if isinstance(out["content"], list) else []:
-                if isinstance(p, dict) and p.get("type") == "output_text":
-                    p.setdefault("annotations", [])
     if not isinstance(out.get("id"), str) or not out["id"]:
         out["id"] = new_id(_PREFIX.get(kind, "item"))
     if kind != "reasoning" or "status" in out:
         out.setdefault("status", "completed")
     return out
+
+
+def listed_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A kept item as the API lists it (the SDK's ``ResponseItem`` / ``ConversationItem``): a
+    message's text as content parts, output text with its annotations. A copy."""
+    if item.get("type") != "message":
+        return item
+    part = "output_text" if item.get("role") == "assistant" else "input_text"
+    content = _parts(item.get("content"), part)
+    if part == "output_text" and isinstance(content, list):
+        content = [
+            {**p, "annotations": p.get("annotations", [])}
+            if isinstance(p, dict) and p.get("type") == "output_text"
+            else p
+            for p in content
+        ]
+    return {**item, "content": content}
 
 
 def input_items(request: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,6 +107,8 @@ def page(items: list[dict[str, Any]], *, after: str | None, limit: int, order: s
 
 
 def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A ``list`` object of kept items, each as the API lists it."""
+    data = [listed_item(i) for i in data]
     return {
         "object": "list",
         "data": data,

@@ -13,7 +13,16 @@ from urllib.parse import parse_qs
 import orjson
 
 from ..openai import RequestError
-from ..openai.items import check_id, check_item_id, check_metadata, list_object, list_query, page, stored_item
+from ..openai.items import (
+    check_id,
+    check_item_id,
+    check_metadata,
+    list_object,
+    list_query,
+    listed_item,
+    page,
+    stored_item,
+)
 from ..openai.request import read_responses_request
 from ..openai.turn import new_id
 from ..store import Conversation, StoreError
@@ -317,7 +326,7 @@ class StatefulRoutes:
             raise not_found("Conversation", cid)
         if item is None:
             raise not_found("Item", item_id)
-        await json_response(send, 200, item)
+        await json_response(send, 200, listed_item(item))
         return 200
 
     async def _delete_item(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
