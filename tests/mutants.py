@@ -177,7 +177,7 @@ MUTANTS += [
            "links.append(ChainLink(link_id, previous, status, orjson.loads(items) + orjson.loads(output)))",
            "links.append(ChainLink(link_id, previous, status, orjson.loads(output)))", STATE),
     Mutant("state-remote-cancel-ignored", "server/state.py",
-           "for rid in await self.store.cancelled(self.instance):", "for rid in []:", STATE),
+           "for rid in await self.store.cancelled(self.instance, list(self.tasks)):", "for rid in []:", STATE),
     Mutant("gateway-every-key-one-owner", "server/app.py", "return owner_of(key)", 'return owner_of("")', STATE),
 ]
 

@@ -6,9 +6,10 @@ what it answers is chosen by the last user message."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -61,6 +62,31 @@ def strict(model: Any, data: Any) -> Any:
 
 def raw(base: str, method: str, path: str, key: str = "none", **kw: Any) -> httpx.Response:
     return httpx.request(method, base + path, headers={"Authorization": f"Bearer {key}"}, timeout=120, **kw)
+
+
+def wait_for(condition: Callable[[], Any]) -> None:
+    """A guard of 600 looks, 50 ms apart: the loop ends when the condition holds (never a timing)."""
+    for _ in range(600):
+        if condition():
+            return
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def stopped_mid_generation(eng: Engine, start: Callable[[], Any]) -> Iterator[Any]:
+    """A background response held mid-generation (the engine paused at its third chunk) for the
+    block to stop (cancel, delete); on leaving, the engine's request must have been aborted."""
+    eng.pause_at, eng.resume = 3, threading.Event()
+    before = eng.cancelled
+    try:
+        bg = start()
+        wait_for(lambda: eng.active)
+        yield bg
+        wait_for(lambda: eng.cancelled > before)
+        assert eng.cancelled > before, "the engine's request was never aborted"
+    finally:
+        eng.resume.set()
+        eng.pause_at = None
 
 
 def wait_until_done(c: openai.OpenAI, rid: str) -> Any:
@@ -197,24 +223,8 @@ def test_a_background_stream_is_resumed_after_a_disconnect(gw: str, engine: tupl
 def test_cancel_stops_the_engine_and_keeps_what_was_made(gw: str, engine: tuple[Engine, str]) -> None:
     eng = engine[0]
     c = client(gw)
-    eng.pause_at, eng.resume = 3, threading.Event()
-    cancelled_before = eng.cancelled
-    try:
-        bg = c.responses.create(model=MODEL, input="long:60", background=True)
-        for _ in range(600):  # until the engine is generating it
-            if eng.active:
-                break
-            time.sleep(0.05)
-        got = c.responses.cancel(bg.id)
-        assert got.status == "cancelled"
-        for _ in range(600):  # the engine's request was aborted
-            if eng.cancelled > cancelled_before:
-                break
-            time.sleep(0.05)
-        assert eng.cancelled > cancelled_before
-    finally:
-        eng.resume.set()
-        eng.pause_at = None
+    with stopped_mid_generation(eng, lambda: c.responses.create(model=MODEL, input="long:60", background=True)) as bg:
+        assert c.responses.cancel(bg.id).status == "cancelled"
     final = c.responses.retrieve(bg.id)
     assert final.status == "cancelled"
     strict(Response, raw(gw, "GET", f"/v1/responses/{bg.id}").json())
@@ -225,6 +235,11 @@ def test_cancel_stops_the_engine_and_keeps_what_was_made(gw: str, engine: tuple[
     fg = c.responses.create(model=MODEL, input="say:fg")
     with pytest.raises(openai.BadRequestError, match="background=true"):
         c.responses.cancel(fg.id)
+    # deleted while it is generated: stopped as well
+    with stopped_mid_generation(eng, lambda: c.responses.create(model=MODEL, input="long:60", background=True)) as bg:
+        assert raw(gw, "DELETE", f"/v1/responses/{bg.id}").status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(bg.id)
 
 
 def test_conversations_api(gw: str, engine: tuple[Engine, str]) -> None:

@@ -24,7 +24,7 @@ import pytest
 from engine import Engine, free_socket, serving
 from harmonykit.server import Settings, create_app
 from real.postgres import postgres_server
-from test_stateful import MODEL, client, wait_until_done
+from test_stateful import MODEL, client, stopped_mid_generation, wait_until_done
 
 
 @pytest.fixture
@@ -106,29 +106,19 @@ def test_two_gateways_on_one_postgresql(engine: tuple[Engine, str], postgres: An
         assert wait_until_done(b, bg.id).output_text == "polled"
         events = list(b.responses.retrieve(bg.id, stream=True))  # from the store: b never had it live
         assert events[-1].type == "response.completed" and events[-1].response.output_text == "polled"
-        eng.pause_at, eng.resume = 3, threading.Event()
-        cancelled = eng.cancelled
-        try:
-            bg = a.responses.create(model=MODEL, input="long:50", background=True)
-            for _ in range(600):
-                if eng.active:
-                    break
-                time.sleep(0.05)
+        start = lambda: a.responses.create(model=MODEL, input="long:50", background=True)  # noqa: E731
+        with stopped_mid_generation(eng, start) as bg:  # cancelled through b: a aborts the engine's request
             followed: list[Any] = []
             follower = threading.Thread(target=lambda: followed.extend(b.responses.retrieve(bg.id, stream=True)))
             follower.start()  # b follows it from the store while a generates it
             assert b.responses.cancel(bg.id).status == "cancelled"
             follower.join(120)
             assert not follower.is_alive() and followed and followed[0].type == "response.created"
-            for _ in range(600):  # the first gateway sees it and aborts the engine's request
-                if eng.cancelled > cancelled:
-                    break
-                time.sleep(0.05)
-            assert eng.cancelled > cancelled
-        finally:
-            eng.resume.set()
-            eng.pause_at = None
         assert a.responses.retrieve(bg.id).status == "cancelled"
+        with stopped_mid_generation(eng, start) as bg:  # deleted through b: a sees it gone and stops
+            assert b.responses.delete(bg.id) is None
+        with pytest.raises(openai.NotFoundError):
+            a.responses.retrieve(bg.id)
 
 
 def test_the_database_stopped_mid_request_is_a_503_naming_it(engine: tuple[Engine, str]) -> None:

@@ -163,6 +163,23 @@ def test_cancel_keeps_what_was_made_and_appends_nothing(store_url: str) -> None:
     run(go())
 
 
+def test_events_of_a_deleted_response_are_swept_and_a_deleted_one_reads_as_cancelled(store_url: str) -> None:
+    async def go() -> None:
+        s = open_store(store_url)
+        await s.open()
+        me = instance_id()
+        await s.create_response(response("resp_ev", status="in_progress", lease_owner=me, background=True))
+        await s.add_events("resp_ev", [(0, "a"), (1, "b")])
+        assert await s.delete_response("a", "resp_ev")
+        assert await s.cancelled(me, ["resp_ev"]) == ["resp_ev"]  # its generator stops
+        await s.add_events("resp_ev", [(2, "c")])  # written after the delete
+        await s.sweep()
+        await s.create_response(response("resp_ev"))
+        assert (await s.events("a", "resp_ev", -1))[1] == []
+        await s.close()
+    run(go())
+
+
 def test_expired_objects_are_gone_and_swept(store_url: str) -> None:
     async def go() -> None:
         s = open_store(store_url, ttl=0.2)

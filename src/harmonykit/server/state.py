@@ -144,7 +144,7 @@ class State:
                     await self.store.renew(self.instance, time.time() + self.lease)
                     renewed = now
                 if self.tasks:
-                    for rid in await self.store.cancelled(self.instance):
+                    for rid in await self.store.cancelled(self.instance, list(self.tasks)):
                         task = self.tasks.get(rid)
                         if task is not None:
                             task.cancel()

@@ -25,7 +25,7 @@ from ..openai.items import (
 )
 from ..openai.request import read_responses_request
 from ..openai.turn import new_id
-from ..store import Conversation, StoreError
+from ..store import ACTIVE, Conversation, StoreError
 from .errors import HTTPError
 from .state import not_found, unavailable
 
@@ -194,6 +194,9 @@ class StatefulRoutes:
         state, owner = self._stateful(scope)
         rid = check_id(scope["path_params"]["response_id"], "resp", "response_id")
         try:
+            rec = await state.store.get_response(owner, rid)
+            if rec is not None and rec.background and rec.status in ACTIVE:
+                await state.cancel(owner, rid)  # deleted while generated: stopped, wherever it runs
             deleted = await state.store.delete_response(owner, rid)
         except StoreError as e:
             raise unavailable(e) from None

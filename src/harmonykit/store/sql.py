@@ -326,12 +326,10 @@ class Store:
         it and stops); a finished one is returned as it is."""
         return await self._run(_cancel_response, owner, rid, time.time())
 
-    async def cancelled(self, lease_owner: str) -> list[str]:
-        """Responses this generator holds that were cancelled (from any gateway)."""
-        return await self._read(_cancelled, lease_owner)
-
-    async def release(self, rid: str, lease_owner: str) -> None:
-        await self._run(_release, rid, lease_owner)
+    async def cancelled(self, lease_owner: str, running: list[str] | None = None) -> list[str]:
+        """Responses this generator holds that were cancelled (from any gateway), and those of
+        ``running`` that were deleted meanwhile."""
+        return await self._read(_cancelled, lease_owner, list(running or ()))
 
     async def renew(self, lease_owner: str, until: float) -> None:
         await self._run(_renew, lease_owner, until)
@@ -534,20 +532,18 @@ def _cancel_response(tx: Tx, owner: str, rid: str, now: float) -> StoredResponse
     return _get_response(tx, owner, rid, now)
 
 
-def _cancelled(tx: Tx, lease_owner: str) -> list[str]:
-    return [
+def _cancelled(tx: Tx, lease_owner: str, running: list[str]) -> list[str]:
+    ids = [
         r[0]
         for r in tx.all(
             "SELECT id FROM hk_responses WHERE lease_owner = ? AND status = 'cancelled'", (lease_owner,)
         )
     ]
-
-
-def _release(tx: Tx, rid: str, lease_owner: str) -> None:
-    tx.run(
-        "UPDATE hk_responses SET lease_owner = NULL, lease_until = NULL WHERE id = ? AND lease_owner = ?",
-        (rid, lease_owner),
-    )
+    if running:  # deleted while generated: stopped as if cancelled
+        marks = ",".join("?" * len(running))
+        present = {r[0] for r in tx.all(f"SELECT id FROM hk_responses WHERE id IN ({marks})", running)}
+        ids += [rid for rid in running if rid not in present]
+    return ids
 
 
 def _renew(tx: Tx, lease_owner: str, until: float) -> None:
@@ -566,11 +562,12 @@ def _sweep(tx: Tx, now: float) -> tuple[int, int]:
                 f"lease_until = NULL WHERE id = ? AND status IN {_ACTIVE}",
                 (_GONE, row[0]),
             )
-    tx.run(
-        "DELETE FROM hk_events WHERE response_id IN (SELECT id FROM hk_responses WHERE expires_at <= ?)",
-        (now,),
-    )
     deleted = tx.run(f"DELETE FROM hk_responses WHERE expires_at <= ? AND status NOT IN {_ACTIVE}", (now,))
+    # Events whose response is gone: expired, deleted, or written by a generator after a delete.
+    tx.run(
+        "DELETE FROM hk_events WHERE NOT EXISTS "
+        "(SELECT 1 FROM hk_responses r WHERE r.id = hk_events.response_id)"
+    )
     tx.run(
         "DELETE FROM hk_items WHERE conversation_id IN "
         "(SELECT id FROM hk_conversations WHERE expires_at <= ?)",
