@@ -416,3 +416,16 @@ def _equivalence_stack(engine: tuple[Engine, str], tmp_path_factory: pytest.Temp
     with serving(create_app(Settings(upstream=(engine[1],), store=url))) as gw:
         _EQUIVALENCE = (engine[0], url, gw)
         yield
+
+
+def test_a_long_stored_history_is_rendered_whole(gw: str, engine: tuple[Engine, str]) -> None:
+    """A conversation past LONG_HISTORY items (rendered off the event loop): every item reaches
+    the prompt, in order."""
+    c = client(gw)
+    conv = c.conversations.create()
+    for start in range(0, 1040, 20):
+        c.conversations.items.create(conv.id, items=[{"role": "user", "content": f"n{i}"} for i in range(start, start + 20)])
+    assert c.responses.create(model=MODEL, input="say:long", conversation=conv.id).output_text == "long"
+    prompt = ENC.decode(engine[0].requests[-1]["prompt"])
+    marks = [prompt.index(f"<|message|>n{i}<|end|>") for i in range(1040)]
+    assert marks == sorted(marks)

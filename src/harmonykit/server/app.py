@@ -50,6 +50,9 @@ from .stateful import pattern as _pattern
 from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
 
 Emit = Callable[[list[dict[str, Any]], bool], Awaitable[None]]  # events out; True: the last of them
+# Input items (history included) past which a request is rendered off the event loop, as a large
+# body is: a conversation or chain grown long in the store never stalls other streams.
+LONG_HISTORY = 1000
 CLIENT_LEFT = "the client disconnected before the response ended; generation was stopped"
 
 log = logging.getLogger("harmonykit.server")
@@ -268,7 +271,9 @@ class Gateway(StatefulRoutes):
             own = request.get("input")
             if kind == "responses" and self.state is not None:
                 request = await self.state.expand(request, owner)
-            return (*self._truncate(request, kind, _RENDER[kind](self.encoding, request).tokens), own)
+                if len(request["input"]) > LONG_HISTORY:  # a small body, a long stored history
+                    return (*await asyncio.to_thread(self._render_truncated, request, kind), own)
+            return (*self._render_truncated(request, kind), own)
         with young_only():
             request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
                 else _parse(data)
@@ -280,6 +285,9 @@ class Gateway(StatefulRoutes):
             tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,
                                              self.settings.log_content)
         return (*self._truncate(request, kind, tokens), own)
+
+    def _render_truncated(self, request: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[int]]:
+        return self._truncate(request, kind, _RENDER[kind](self.encoding, request).tokens)
 
     def _truncate(self, request: dict[str, Any], kind: str,
                   tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
