@@ -129,10 +129,11 @@ class Gateway(StatefulRoutes):
             status, error = 400, HTTPError(400, e.message, param=e.param)
             info["error"] = e.message
             await _json_response(send, 400, error.body())
-        except HTTPError as e:
-            status = e.status
-            info["error"] = e.message
-            await _json_response(send, e.status, e.body())
+        except (HTTPError, StoreError) as e:  # a store that fails before the answer starts: 503 naming it
+            error = e if isinstance(e, HTTPError) else unavailable(e)
+            status = error.status
+            info["error"] = error.message
+            await _json_response(send, error.status, error.body())
         except Exception as e:  # a bug of ours: still an OpenAI-shaped answer, and a log line
             log.exception("internal error on %s", path)
             status = 500

@@ -2,8 +2,8 @@
 ``previous_response_id`` or ``conversation``, the leases that vouch for responses being
 generated, cancellation from any replica, and background streams that clients follow.
 
-HTTP stays in app.py; SQL stays in store/. Every store failure here becomes the 503
-that names the store.
+HTTP stays in app.py; SQL stays in store/. A store failure here is a StoreError, which the
+gateway answers with the 503 that names the store (``unavailable``).
 """
 
 from __future__ import annotations
@@ -172,17 +172,14 @@ class State:
                 code="mutually_exclusive_parameters",
             )
         history: list[dict[str, Any]] = []
-        try:
-            if previous is not None:
-                history = await self._chain_items(check_id(previous, "resp", "previous_response_id"), owner)
-            else:
-                cid = conversation_id(conversation)
-                conv, items, _ = await self.store.items(owner, cid)
-                if conv is None:
-                    raise not_found("Conversation", cid)
-                history = items
-        except StoreError as e:
-            raise unavailable(e) from None
+        if previous is not None:
+            history = await self._chain_items(check_id(previous, "resp", "previous_response_id"), owner)
+        else:
+            cid = conversation_id(conversation)
+            conv, items, _ = await self.store.items(owner, cid)
+            if conv is None:
+                raise not_found("Conversation", cid)
+            history = items
         new = request.get("input")
         if isinstance(new, str):
             new = [{"role": "user", "content": new}]
@@ -242,10 +239,7 @@ class State:
     async def begin(self, record: StoredResponse) -> None:
         """Store a response as it starts (one whose id a client sees before it ends: streamed, or
         in the background), so that it is never left in progress by a gateway that dies."""
-        try:
-            await self.store.create_response(record)
-        except StoreError as e:
-            raise unavailable(e) from None
+        await self.store.create_response(record)
         self.begun.add(record.id)
 
     async def finish(self, record: StoredResponse, response: dict[str, Any]) -> bool:
@@ -283,10 +277,7 @@ class State:
     # -- reading -------------------------------------------------------------------------
 
     async def response(self, owner: str, rid: str) -> StoredResponse:
-        try:
-            rec = await self.store.get_response(owner, check_id(rid, "resp", "response_id"))
-        except StoreError as e:
-            raise unavailable(e) from None
+        rec = await self.store.get_response(owner, check_id(rid, "resp", "response_id"))
         if rec is None:
             raise not_found("Response", rid)
         return rec
@@ -316,19 +307,16 @@ class State:
                 await asyncio.sleep(POLL_SECONDS)
 
     async def cancel(self, owner: str, rid: str) -> StoredResponse:
-        try:
-            rec = await self.store.get_response(owner, check_id(rid, "resp", "response_id"))
-            if rec is None:
-                raise not_found("Response", rid)
-            if not rec.background:
-                raise HTTPError(
-                    400, "Only responses created with background=true can be cancelled.", param="response_id"
-                )
-            if rec.status in TERMINAL:
-                return rec  # cancelling again, or after the end, changes nothing
-            rec = await self.store.cancel_response(owner, rid) or rec
-        except StoreError as e:
-            raise unavailable(e) from None
+        rec = await self.store.get_response(owner, check_id(rid, "resp", "response_id"))
+        if rec is None:
+            raise not_found("Response", rid)
+        if not rec.background:
+            raise HTTPError(
+                400, "Only responses created with background=true can be cancelled.", param="response_id"
+            )
+        if rec.status in TERMINAL:
+            return rec  # cancelling again, or after the end, changes nothing
+        rec = await self.store.cancel_response(owner, rid) or rec
         task = self.tasks.get(rid)
         if task is not None:  # generated here: stop now (elsewhere, that replica sees it within 0.25 s)
             task.cancel()

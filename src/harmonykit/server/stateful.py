@@ -25,9 +25,9 @@ from ..openai.items import (
 )
 from ..openai.request import read_responses_request
 from ..openai.turn import new_id
-from ..store import ACTIVE, Conversation, StoreError
+from ..store import ACTIVE, Conversation
 from .errors import HTTPError
-from .state import not_found, unavailable
+from .state import not_found
 
 if TYPE_CHECKING:
     from ..encoding import HarmonyEncoding
@@ -193,13 +193,10 @@ class StatefulRoutes:
     async def _delete(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
         state, owner = self._stateful(scope)
         rid = check_id(scope["path_params"]["response_id"], "resp", "response_id")
-        try:
-            rec = await state.store.get_response(owner, rid)
-            if rec is not None and rec.background and rec.status in ACTIVE:
-                await state.cancel(owner, rid)  # deleted while generated: stopped, wherever it runs
-            deleted = await state.store.delete_response(owner, rid)
-        except StoreError as e:
-            raise unavailable(e) from None
+        rec = await state.store.get_response(owner, rid)
+        if rec is not None and rec.background and rec.status in ACTIVE:
+            await state.cancel(owner, rid)  # deleted while generated: stopped, wherever it runs
+        deleted = await state.store.delete_response(owner, rid)
         if not deleted:
             raise not_found("Response", rid)
         await json_response(send, 200, {"id": rid, "object": "response", "deleted": True})
@@ -224,10 +221,7 @@ class StatefulRoutes:
 
     async def _conv(self, state: State, owner: str, cid: str) -> Conversation:
         cid = check_id(cid, "conv", "conversation_id")
-        try:
-            conv = await state.store.get_conversation(owner, cid)
-        except StoreError as e:
-            raise unavailable(e) from None
+        conv = await state.store.get_conversation(owner, cid)
         if conv is None:
             raise not_found("Conversation", cid)
         return conv
@@ -242,10 +236,7 @@ class StatefulRoutes:
                 raise RequestError(key, f"unrecognized request argument supplied: {key}")
         conv = Conversation(new_id("conv"), owner, int(time.time()), check_metadata(body.get("metadata")))
         items = _items_of(body, self.encoding, required=False)
-        try:
-            await state.store.create_conversation(conv, items)
-        except StoreError as e:
-            raise unavailable(e) from None
+        await state.store.create_conversation(conv, items)
         await json_response(send, 200, conv.object())
         return 200
 
@@ -264,10 +255,7 @@ class StatefulRoutes:
             raise RequestError("metadata", "metadata is required: the conversation's new metadata")
         metadata = check_metadata(body["metadata"])
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
-        try:
-            conv = await state.store.update_conversation(owner, cid, metadata)
-        except StoreError as e:
-            raise unavailable(e) from None
+        conv = await state.store.update_conversation(owner, cid, metadata)
         if conv is None:
             raise not_found("Conversation", cid)
         await json_response(send, 200, conv.object())
@@ -278,10 +266,7 @@ class StatefulRoutes:
     ) -> int:
         state, owner = self._stateful(scope)
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
-        try:
-            deleted = await state.store.delete_conversation(owner, cid)
-        except StoreError as e:
-            raise unavailable(e) from None
+        deleted = await state.store.delete_conversation(owner, cid)
         if not deleted:
             raise not_found("Conversation", cid)
         await json_response(send, 200, {"id": cid, "object": "conversation.deleted", "deleted": True})
@@ -292,10 +277,7 @@ class StatefulRoutes:
         _include(_query(scope))
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
         items = _items_of(await self._body(scope, receive), self.encoding, required=True)
-        try:
-            added = await state.store.add_items(owner, cid, items)
-        except StoreError as e:
-            raise unavailable(e) from None
+        added = await state.store.add_items(owner, cid, items)
         if not added:
             raise not_found("Conversation", cid)
         await json_response(send, 200, list_object(items, False))
@@ -307,10 +289,7 @@ class StatefulRoutes:
         _include(query)
         after, limit, order = list_query(query, default_order="desc")
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
-        try:
-            conv, items, more = await state.store.items(owner, cid, after=after, limit=limit, order=order)
-        except StoreError as e:
-            raise unavailable(e) from None
+        conv, items, more = await state.store.items(owner, cid, after=after, limit=limit, order=order)
         if conv is None:
             raise not_found("Conversation", cid)
         await json_response(send, 200, list_object(items, more))
@@ -321,10 +300,7 @@ class StatefulRoutes:
         _include(_query(scope))
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
         item_id = check_item_id(scope["path_params"]["item_id"], "item_id")
-        try:
-            conv, item = await state.store.get_item(owner, cid, item_id)
-        except StoreError as e:
-            raise unavailable(e) from None
+        conv, item = await state.store.get_item(owner, cid, item_id)
         if conv is None:
             raise not_found("Conversation", cid)
         if item is None:
@@ -336,10 +312,7 @@ class StatefulRoutes:
         state, owner = self._stateful(scope)
         cid = check_id(scope["path_params"]["conversation_id"], "conv", "conversation_id")
         item_id = check_item_id(scope["path_params"]["item_id"], "item_id")
-        try:
-            conv, deleted = await state.store.delete_item(owner, cid, item_id)
-        except StoreError as e:
-            raise unavailable(e) from None
+        conv, deleted = await state.store.delete_item(owner, cid, item_id)
         if conv is None:
             raise not_found("Conversation", cid)
         if not deleted:
