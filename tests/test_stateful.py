@@ -312,6 +312,11 @@ def test_truncation_auto_drops_the_oldest_items(engine: tuple[Engine, str], stor
         assert kept.output_text.startswith("fits") and kept.truncation == "auto"
         prompt = small.requests[-1]["prompt"]
         assert len(prompt) + 50 <= 400 and "say:start" not in ENC.decode(prompt)
+        # nothing but reasoning would be left: no truncation can help, the context error says so
+        left = [{"role": "user", "content": "say:x " + "filler " * 600},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hm"}]}]
+        got = raw(gw, "POST", "/v1/responses", json={"model": MODEL, "input": left, "truncation": "auto"})
+        assert got.status_code == 400 and got.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_each_key_sees_only_its_own(engine: tuple[Engine, str], store_url: str, tmp_path: Any) -> None:

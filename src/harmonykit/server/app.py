@@ -303,28 +303,28 @@ class Gateway(StatefulRoutes):
         if len(tokens) <= room or not items or len(items) < 2:
             return request, tokens
 
-        def render(drop: int) -> list[int] | None:
-            rest = items[drop:]
-            while rest and rest[0].get("type") in ("function_call_output", "reasoning") if isinstance(
-                    rest[0], dict) else False:
-                rest = rest[1:]  # an output whose call was dropped, reasoning whose answer was
-            if not rest:
+        def render(drop: int) -> tuple[list[Any], list[int]] | None:
+            start = drop  # past an output whose call was dropped, reasoning whose answer was
+            while start < len(items) and isinstance(items[start], dict) and \
+                    items[start].get("type") in ("function_call_output", "reasoning"):
+                start += 1
+            if start == len(items):
                 return None
-            return _RENDER[kind](self.encoding, {**request, "input": rest}).tokens
+            kept = items[start:]
+            return kept, _RENDER[kind](self.encoding, {**request, "input": kept}).tokens
 
         lo, hi = 1, len(items) - 1  # the newest item always stays
-        best: list[int] | None = None
-        best_drop = hi
+        best: tuple[list[Any], list[int]] | None = None
         while lo <= hi:
             mid = (lo + hi) // 2
             got = render(mid)
-            if got is not None and len(got) <= room:
-                best, best_drop, hi = got, mid, mid - 1
+            if got is not None and len(got[1]) <= room:
+                best, hi = got, mid - 1
             else:
                 lo = mid + 1
         if best is None:
             return request, tokens  # even the newest item alone does not fit: the engine check says so
-        return {**request, "input": items[best_drop:]}, best
+        return {**request, "input": best[0]}, best[1]
 
     def _context(self) -> int | None:
         contexts = [e.info.context for e in self.upstream.engines if e.info and e.info.context]
