@@ -14,7 +14,9 @@ The script is chosen by the last user message of the prompt it receives:
 ``headerless:N`` answers N words with no header; ``say:TEXT`` answers TEXT on the final
 channel (``say:`` with a stop string in it tests ``stop``); ``call:NAME:ARGS`` calls the
 function NAME, then, when the prompt ends with its result, answers ``tool said RESULT``;
-``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
+``agent:STEP ||| STEP ...`` plays the model of an agent loop: step N (N built-in tool results
+after the last user message) writes STEP, with ``<<call>>``-style markers for special tokens
+and ``<<result>>`` for the last tool result it read; ``fault:KIND`` misbehaves (``500``, ``nonjson``, ``midway``, ``slow``, ``silent``, ``hang``,
 ``reject``). Its streams split SSE frames mid-JSON.
 """
 
@@ -42,6 +44,9 @@ WILD = {c["id"]: c for c in (json.loads(line) for line in CASES.read_text(encodi
 STOPS = {200002, 200012}
 _USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
 # A tool's result as the last message before the assistant's turn.
+# A built-in tool's result message (python, browser.*).
+_BUILTIN_RESULT = re.compile(r"<\|start\|>(?:python|browser\.\w+) to=assistant(?:<\|channel\|>\w+)?<\|message\|>"
+                             r"((?:(?!<\|end\|>).)*)<\|end\|>", re.S)
 _TOOL_RESULT = re.compile(r"<\|start\|>functions\.[^ <]+ to=assistant<\|channel\|>commentary<\|message\|>"
                           r"((?:(?!<\|end\|>).)*)<\|end\|><\|start\|>assistant$", re.S)
 
@@ -142,6 +147,14 @@ class Engine:
             else:
                 text = f"<|channel|>analysis<|message|>Call {name}.<|end|><|start|>assistant" \
                        f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args or '{}'}<|call|>"
+            finish = "stop"
+        elif kind == "agent":
+            after = prompt_of(req).rsplit("<|start|>user<|message|>", 1)[-1]
+            results = _BUILTIN_RESULT.findall(after)
+            steps = arg.split(" ||| ")
+            text = re.sub(r"<<(call|end|start|channel|message|return|constrain)>>", r"<|\1|>",
+                          steps[min(len(results), len(steps) - 1)])
+            text = text.replace("<<result>>", results[-1] if results else "")
             finish = "stop"
         elif kind == "load":
             text, finish = f"<|channel|>analysis<|message|>Think {arg}.<|end|><|start|>assistant" \
@@ -271,18 +284,18 @@ async def _json(send: Any, status: int, body: Any) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
-def free_socket() -> socket.socket:
+def free_socket(host: str = "127.0.0.1") -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     return sock
 
 
 @contextmanager
-def serving(app: Any, **config: Any) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL.
-    Stopped on exit, also when the test fails."""
-    sock = free_socket()
+def serving(app: Any, *, bind: str = "127.0.0.1", **config: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on ``bind`` (a loopback address; a free port) in a thread;
+    yields its base URL. Stopped on exit, also when the test fails."""
+    sock = free_socket(bind)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="auto", timeout_graceful_shutdown=1,
                                            **config))
@@ -294,7 +307,7 @@ def serving(app: Any, **config: Any) -> Iterator[str]:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the test server did not start")
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{bind}:{port}"
     finally:
         server.should_exit = True
         thread.join(15)

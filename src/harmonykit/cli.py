@@ -8,6 +8,7 @@
     harmonykit serve --upstream URL            # an OpenAI-compatible gateway in front of an engine
     harmonykit data render IN -o OUT           # chat records -> input_ids, labels, assistant_mask
     harmonykit data parse IN -o OUT            # rollouts -> messages, repairs, stop, complete
+    harmonykit index docs/*.html -o docs.db     # a local search index for the browser tool (--browser index=PATH)
 
 Input shapes are documented with examples in docs/cli.md.
 """
@@ -315,6 +316,20 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools.index import IndexFileError, build
+
+    try:
+        count = build(args.files, args.output, base_url=args.base_url)
+    except ImportError as e:
+        raise CLIError(f"harmonykit index needs the tools extra: pip install 'harmonykit[tools]' "
+                       f"({e.name} is missing)") from None
+    except (IndexFileError, OSError) as e:
+        raise CLIError(str(e)) from None
+    print(f"indexed {count} files into {args.output}", file=out)
+    return 0
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
@@ -437,7 +452,38 @@ def build_parser() -> argparse.ArgumentParser:
                         f"[{env}RENDER_CACHE_MB]")
     p.add_argument("--log-content", action="store_true",
                    help=f"log request bodies too (default: metadata only) [{env}LOG_CONTENT=1]")
+    tools = p.add_argument_group("built-in tools", "gpt-oss's python and browser, run by the gateway "
+                                 "(Responses' code_interpreter and web_search tools); off unless enabled")
+    tools.add_argument("--python", action="store_true",
+                       help="run the python tool, each container a stateful interpreter in a bubblewrap "
+                            f"sandbox (refused at startup when the sandbox cannot start) [{env}PYTHON=1]")
+    tools.add_argument("--python-timeout", type=float, metavar="SECONDS",
+                       help=f"seconds a cell may run (default 120) [{env}PYTHON_TIMEOUT]")
+    tools.add_argument("--python-memory-mb", type=int, metavar="MB",
+                       help=f"memory of a container's interpreter (default 1024) [{env}PYTHON_MEMORY_MB]")
+    tools.add_argument("--python-procs", type=int, metavar="N",
+                       help=f"processes and threads a container may have (default 64) [{env}PYTHON_PROCS]")
+    tools.add_argument("--python-sandbox", choices=["bwrap", "none"],
+                       help="bwrap (default), or none: no isolation at all, the code runs as the gateway's "
+                            f"user with its files and network [{env}PYTHON_SANDBOX]")
+    tools.add_argument("--browser", metavar="BACKEND",
+                       help="run the browser tool over a search backend: searxng=URL, exa (EXA_API_KEY), "
+                            f"youcom (YDC_API_KEY) or index=PATH (harmonykit index) [{env}BROWSER]")
+    tools.add_argument("--fetch-allow", action="append", metavar="CIDR",
+                       help="an address range the browser may open although it is loopback, private, "
+                            "link-local or metadata (refused by default); repeatable "
+                            f"[{env}FETCH_ALLOW, comma-separated]")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("index", help="build a local search index for the browser tool (--browser index=PATH)",
+                       description="Index HTML (or any text) files into a SQLite FTS5 file the browser "
+                                   "tool searches and opens pages from, with no network.")
+    p.add_argument("files", nargs="+", metavar="FILE", help="HTML or text files")
+    p.add_argument("-o", "--output", required=True, metavar="PATH", help="the index file (replaced)")
+    p.add_argument("--base-url", metavar="URL",
+                   help="each page's URL is this plus its path under the files' common folder "
+                        "(default: its file:// URI)")
+    p.set_defaults(func=cmd_index)
 
     data = sub.add_parser("data", help="datasets: render chat records for fine-tuning, parse rollouts",
                           description="Run render_example or parse_example over a file, streamed.")

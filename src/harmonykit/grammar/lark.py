@@ -12,8 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..builtin_tools import BROWSER
 from ..cache import PartsCache
 from ..openai.errors import RequestError, shown
+from ..openai.hosted import ORDER, namespace_of
 from ..openai.names import ToolNames
 from ..openai.request import api_of
 from ..openai.schema import check_schema
@@ -31,6 +33,7 @@ class Turn:
     tools: tuple[tuple[str, dict[str, Any]], ...]
     final: bool
     answer_schema: dict[str, Any] | None
+    builtins: tuple[str, ...] = ()  # the built-in namespaces (python, browser) it may call
 
 
 def turn_of(request: dict[str, Any]) -> Turn:
@@ -42,7 +45,12 @@ def turn_of(request: dict[str, Any]) -> Turn:
     if not isinstance(raw_tools, list):
         raise RequestError("tools", "tools must be a list")
     declared: list[tuple[str, dict[str, Any]]] = []
+    found: set[str] = set()
     for i, spec in enumerate(raw_tools):
+        ns = namespace_of(spec) if kind == "responses" else None
+        if ns is not None:  # a Responses hosted tool: gpt-oss's built-in python or browser
+            found.add(ns)
+            continue
         fn = spec.get("function") if isinstance(spec, dict) and "function" in spec else spec
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RequestError(f"tools[{i}]", "a function tool needs a non-empty string name")
@@ -55,14 +63,19 @@ def turn_of(request: dict[str, Any]) -> Turn:
     names = ToolNames.of([n for n, _ in declared])
     rendered = dict(zip(names.declared, names.rendered, strict=True))
     tools = [(rendered[n], schema) for n, schema in declared]
+    builtins = tuple(ns for ns in ORDER if ns in found)
     choice = request.get("tool_choice", "auto")
     final = True
     if choice == "none":
-        tools = []
+        tools, builtins = [], ()
     elif choice == "required":
-        if not tools:
+        if not tools and not builtins:
             raise RequestError("tool_choice", "tool_choice 'required' needs tools")
         final = False
+    elif isinstance(choice, dict) and namespace_of(choice) is not None:
+        if namespace_of(choice) not in builtins:
+            raise RequestError("tool_choice", f"tool_choice names {shown(choice.get('type'))}, which is not in tools")
+        tools, builtins, final = [], (str(namespace_of(choice)),), False
     elif isinstance(choice, dict):
         fn = choice.get("function", choice)
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -72,7 +85,7 @@ def turn_of(request: dict[str, Any]) -> Turn:
         final = False
     elif choice not in (None, "auto"):
         raise RequestError("tool_choice", f"unsupported tool_choice {shown(choice)}")
-    return Turn(tuple(tools), final, _answer_schema(request, kind))
+    return Turn(tuple(tools), final, _answer_schema(request, kind), builtins)
 
 
 def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -96,6 +109,23 @@ def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
         assert isinstance(schema, dict)
         return schema
     raise RequestError(f"{param}.type", f"unsupported response format {shown(fmt.get('type'))}")
+
+
+def _builtin_rules(ns: str) -> list[str]:
+    """Calls of a built-in tool as the model was trained to write them: on ``analysis`` (or
+    ``commentary``), the recipient after the channel or before it, content type ``code``;
+    python's body is code, each browser function's is JSON held to its parameters."""
+    def header(to: str) -> str:
+        return (f"(<|channel|> (\"analysis\" | \"commentary\") \" {to}\" | \" {to}\" <|channel|> "
+                f"(\"analysis\" | \"commentary\")) \" code\"?")
+    if ns == "python":
+        return [f"builtin_python: {header('to=python')} <|message|> {_TEXT} <|call|>"]
+    fns = BROWSER["tools"]
+    rules = ["builtin_browser: " + " | ".join(f"browser_{f['name']}" for f in fns)]
+    for f in fns:
+        rules.append(f"browser_{f['name']}: {header('to=browser.' + f['name'])} <|message|> "
+                     f"%json {json.dumps(f['parameters'])} <|call|>")
+    return rules
 
 
 GRAMMARS: PartsCache[str] = PartsCache()
@@ -123,7 +153,8 @@ def harmony_grammar(request: dict[str, Any]) -> str:
 
 
 def _grammar(turn: Turn) -> str:
-    answers = (["final"] if turn.final else []) + (["call"] if turn.tools else [])
+    answers = (["final"] if turn.final else []) + (["call"] if turn.tools else []) + \
+        [f"builtin_{ns}" for ns in turn.builtins]
     if not answers:
         raise RequestError("tool_choice", "the request allows neither an answer nor a call")
     # A preamble is shown as content: with a response format, content must be the JSON alone.
@@ -150,5 +181,7 @@ def _grammar(turn: Turn) -> str:
             # both header orders: the recipient after the channel, or before it (after the role)
             header = f"(<|channel|> \"commentary {to}\" | \" {to}\" <|channel|> \"commentary\")"
             lines.append(f"call_{i}: {header} ctype <|message|> %json {json.dumps(schema)} <|call|>")
+    for ns in turn.builtins:
+        lines += _builtin_rules(ns)
     lines.append("TEXT: /(.|\\n)+/")
     return "\n".join(lines) + "\n"

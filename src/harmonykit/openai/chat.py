@@ -28,7 +28,7 @@ class _Deltas:
         out: list[dict[str, Any]] = []
         for ev in events:
             kind, key = ev.kind, ev.key
-            if ev.op == "builtin" or (kind == "reasoning" and not self.reasoning):
+            if ev.op == "builtin" or kind == "code" or (kind == "reasoning" and not self.reasoning):
                 continue  # Chat has no item for built-in tools: they are in the harmony field
             if ev.op == "open":
                 if kind == "call":

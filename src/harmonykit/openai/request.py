@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..model import (
     SystemContent,
     TextContent,
     ToolDescription,
+    ToolNamespaceConfig,
     text_author,
     text_message,
 )
@@ -32,6 +33,7 @@ from ..render import drop_boundary
 from ..tokens import CALL, RETURN, START
 from ..typescript import ToolText, namespace_parts, section_parts, tool_text
 from .errors import RequestError, shown
+from .hosted import ORDER, check_hosted_tool, namespace_of
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
 
@@ -150,16 +152,35 @@ def _read_tool(spec: Any, param: str, nested: bool) -> _Tool:
 
 
 def _read_tools(tools: Any, nested: bool) -> tuple[_Tool, ...]:
+    """The function tools (Responses' hosted tools are read by ``_hosted``)."""
     if tools is None:
         return ()
     if not isinstance(tools, list):
         raise RequestError("tools", "tools must be a list")
-    return tuple([_tool(t, i, nested) for i, t in enumerate(tools)])
+    return tuple([_tool(t, i, nested) for i, t in enumerate(tools) if nested or namespace_of(t) is None])
 
 
-def _check_tool_choice(tool_choice: Any, names: Sequence[str]) -> None:
-    """``tool_choice`` against the declared function ``names``."""
-    if isinstance(tool_choice, dict):
+#: Hosted tools -> their namespaces as harmony declares them (a deployment passes its own texts).
+DEFAULT_HOSTED: dict[str, ToolNamespaceConfig] = {"browser": ToolNamespaceConfig.browser(),
+                                                  "python": ToolNamespaceConfig.python()}
+
+
+def _hosted(tools: Any, texts: Mapping[str, ToolNamespaceConfig] | None) -> tuple[ToolNamespaceConfig, ...]:
+    """The built-in namespaces a Responses request's hosted tools declare (checked), in
+    the system message's order, each as ``texts`` (the deployment's) or harmony gives it."""
+    if not isinstance(tools, list):
+        return ()
+    found = {check_hosted_tool(t, f"tools[{i}]") for i, t in enumerate(tools) if namespace_of(t) is not None}
+    return tuple([(texts or DEFAULT_HOSTED).get(ns) or DEFAULT_HOSTED[ns] for ns in ORDER if ns in found])
+
+
+def _check_tool_choice(tool_choice: Any, names: Sequence[str], hosted: Sequence[str] = ()) -> None:
+    """``tool_choice`` against the declared function ``names`` and built-in namespaces (``hosted``)."""
+    if isinstance(tool_choice, dict) and namespace_of(tool_choice) is not None:
+        if namespace_of(tool_choice) not in hosted:
+            raise RequestError("tool_choice", f"tool_choice names {shown(tool_choice.get('type'))}, which is "
+                                              "not in tools")
+    elif isinstance(tool_choice, dict):
         fn = tool_choice.get("function", tool_choice) if "function" in tool_choice else tool_choice
         param = "tool_choice.function" if "function" in tool_choice else "tool_choice"
         if tool_choice.get("type", "function") != "function":
@@ -176,7 +197,7 @@ def _check_tool_choice(tool_choice: Any, names: Sequence[str]) -> None:
     elif tool_choice not in (None, "auto", "required", "none"):
         raise RequestError("tool_choice", f"unsupported tool_choice {shown(tool_choice)}; use auto, "
                                           "required, none or a named function")
-    elif tool_choice == "required" and not names:
+    elif tool_choice == "required" and not names and not hosted:
         raise RequestError("tool_choice", "tool_choice 'required' needs tools")
 
 
@@ -360,18 +381,27 @@ class _Builder:
 
     def builtin_call(self, item: dict[str, Any], param: str) -> None:
         """A built-in tool call the gateway emitted (``web_search_call``, ``code_interpreter_call``),
-        rendered back as the model wrote it: from its ``harmony`` field, else from the item."""
+        rendered back as the model wrote it: from its ``harmony`` field, else from the item; then
+        the result the model read, when the item holds it (the gateway ran the tool)."""
         written = item.get("harmony")
         if isinstance(written, dict) and isinstance(written.get("recipient"), str) \
                 and isinstance(written.get("arguments"), str):
-            self.add(Role.ASSISTANT, written["arguments"], channel=_str_or_none(written.get("channel")),
+            channel = _str_or_none(written.get("channel"))
+            self.add(Role.ASSISTANT, written["arguments"], channel=channel,
                      recipient=written["recipient"], content_type=_str_or_none(written.get("content_type")))
+            result, tool = written.get("result"), written.get("tool")
+            if isinstance(result, str) and isinstance(tool, str) and tool:
+                self.add(Role.TOOL, result, name=tool, channel=channel, recipient="assistant")
             return
         if item["type"] == "code_interpreter_call":
             code = item.get("code")
             if not isinstance(code, str):
                 raise RequestError(f"{param}.code", "a code_interpreter_call needs its code as a string")
             self.add(Role.ASSISTANT, code, channel="analysis", recipient="python", content_type="code")
+            outputs = item.get("outputs")
+            if isinstance(outputs, list) and outputs:
+                logs = "".join(o["logs"] for o in outputs if isinstance(o, dict) and isinstance(o.get("logs"), str))
+                self.add(Role.TOOL, logs, name="python", channel="analysis", recipient="assistant")
             return
         action = item.get("action")
         kind = action.get("type") if isinstance(action, dict) else None
@@ -461,32 +491,37 @@ class Head:
 #: read them. Second sight: a dataset whose records each have their own head stores none.
 HEAD_CACHE: LRU[tuple[Any, ...], tuple[tuple[Any, Any], Head]] = LRU(256, second_sight=True)
 # By (encoding, effort, whether tools are declared): a handful of entries.
-SYSTEM_CACHE: dict[tuple[int, ReasoningEffort, bool], tuple[Message, tuple[int, ...]]] = {}
+SYSTEM_CACHE: dict[tuple[Any, ...], tuple[Message, tuple[int, ...]]] = {}
 _OPTIONS = {has: RenderOptions(conversation_has_function_tools=has) for has in (False, True)}
 _FORMAT_PARAM = {"chat": "response_format", "responses": "text.format"}
 
 
-def _system(encoding: HarmonyEncoding, effort: ReasoningEffort,
-            has_tools: bool) -> tuple[Message, tuple[int, ...]]:
-    key = (id(encoding), effort, has_tools)
+def _system(encoding: HarmonyEncoding, effort: ReasoningEffort, has_tools: bool,
+            hosted: tuple[ToolNamespaceConfig, ...] = ()) -> tuple[Message, tuple[int, ...]]:
+    key = (id(encoding), effort, has_tools, tuple([(ns.name, ns.description) for ns in hosted]))
     found = SYSTEM_CACHE.get(key)
     if found is None:
         content = SystemContent.new().with_reasoning_effort(effort)
+        for ns in hosted:
+            content = content.with_tools(ns)
         message = Message.from_role_and_content(Role.SYSTEM, content)
         found = SYSTEM_CACHE[key] = (message, tuple(encoding.render(message, _OPTIONS[has_tools])))
     return found
 
 
 def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instructions: list[str],
-          tools: Any, tool_choice: Any, fmt: Any) -> Head:
-    """The request's head: the system message, and the developer message with its instructions,
-    tools (``tool_choice: "none"`` shows none) and response format (``fmt``)."""
+          tools: Any, tool_choice: Any, fmt: Any,
+          hosted_texts: Mapping[str, ToolNamespaceConfig] | None = None) -> Head:
+    """The request's head: the system message (with the built-in tools Responses' hosted tools
+    ask for), and the developer message with its instructions, tools (``tool_choice: "none"``
+    shows none) and response format (``fmt``)."""
     nested = api == "chat"  # where a tool and a response format keep their fields
     entries = _read_tools(tools, nested)
+    hosted = () if nested else _hosted(tools, hosted_texts)
     extras = (tool_choice, fmt)
     data = b"" if extras == (None, None) else parts_key(extras)  # None: not JSON, not kept
     key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),
-                                     entries)
+                                     entries, tuple([(ns.name, ns.description) for ns in hosted]))
     if key is not None:
         found = HEAD_CACHE.get(key)
         if found is not None and found[0] == extras:
@@ -494,10 +529,10 @@ def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instruct
     declared = tuple([e.declared for e in entries])
     if len({e.description.name for e in entries}) < len(entries):
         ToolNames.of(declared)  # two names that render alike: the error says which
-    _check_tool_choice(tool_choice, declared)
+    _check_tool_choice(tool_choice, declared, [ns.name for ns in hosted])
     response_format = _format_from(fmt, _FORMAT_PARAM[api], nested)
     listed = () if tool_choice == "none" else entries
-    system, tokens = _system(encoding, effort, bool(listed))
+    system, tokens = _system(encoding, effort, bool(listed), hosted)
     if not (instructions or listed or response_format):
         head = Head(tokens, declared, bool(listed), system, None)
     else:
@@ -672,13 +707,16 @@ def _chat_assistant(b: _Builder, msg: dict[str, Any], param: str) -> None:
     b.assistant(reasoning, _text(msg.get("content"), f"{param}.content", allow_none=True), calls)
 
 
-def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any]) -> Prompt:
-    """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...)."""
-    return _prompt(encoding, read_responses_request(encoding, request))
+def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
+                             hosted: Mapping[str, ToolNamespaceConfig] | None = None) -> Prompt:
+    """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...);
+    ``hosted``: how this deployment declares the built-in tools (harmony's texts by default)."""
+    return _prompt(encoding, read_responses_request(encoding, request, hosted=hosted))
 
 
 def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
-                           cache: bool = True) -> Request:
+                           cache: bool = True,
+                           hosted: Mapping[str, ToolNamespaceConfig] | None = None) -> Request:
     """A Responses body as Harmony (``cache``: use and fill ``MESSAGE_CACHE``)."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
@@ -743,7 +781,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
         raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
 
     head = _head(encoding, "responses", effort, b.instructions, request.get("tools"),
-                 request.get("tool_choice"), (text_cfg or {}).get("format"))
+                 request.get("tool_choice"), (text_cfg or {}).get("format"), hosted)
     return Request(head, b.items, b.tokens, b.spans)
 
 

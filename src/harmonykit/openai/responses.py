@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
+from .hosted import namespace_of
 from .request import render_responses_request
 from .turn import Event, OutputStream, Turn, new_id
+
+# A citation of a browser page, as the model was trained to write it: 【{cursor}†L{a}(-L{b})?】
+CITATION = re.compile(r"【(\d+)†L(\d+)(?:-L(\d+))?】")
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -27,6 +32,13 @@ class _Items:
         self._open: dict[str, Any] | None = None
         self._key = 0
         self._parts: list[str] = []
+        # Set by the agent loop when the gateway runs built-in tools: whether it will run a call
+        # (its item then stays open until the result is in), the container python calls run in,
+        # and the annotations of an answer's citations.
+        self.will_run: Callable[[dict[str, Any]], bool] | None = None
+        self.container_id = ""
+        self.annotate: Callable[[str], list[dict[str, Any]]] | None = None
+        self.pending: dict[str, Any] | None = None
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -40,7 +52,6 @@ class _Items:
                 out += self.finish_open()
                 out += self._start(ev.kind, ev.key)
             elif ev.op == "builtin":
-                out += self.finish_open()
                 out += self._builtin(ev.key)
             else:
                 out += self._text(ev.text)
@@ -52,6 +63,9 @@ class _Items:
             call = self.turn.calls[key]
             item: dict[str, Any] = {"id": new_id("fc"), "type": "function_call", "call_id": call.id,
                                     "name": call.name, "arguments": "", "status": "in_progress"}
+        elif kind == "code":
+            item = {"id": new_id("ci"), "type": "code_interpreter_call", "code": "",
+                    "container_id": self.container_id, "outputs": None, "status": "in_progress"}
         elif kind == "reasoning":
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [],
                     "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
@@ -61,7 +75,10 @@ class _Items:
         self.items.append(item)
         self._open, self._key, self._parts = item, key, []
         out = [self.event("response.output_item.added", output_index=index, item=_copy(item))]
-        if kind != "call":
+        if kind == "code":
+            out.append(self.event("response.code_interpreter_call.in_progress", item_id=item["id"],
+                                  output_index=index))
+        elif kind != "call":
             out.append(self.event("response.content_part.added", item_id=item["id"], output_index=index,
                                   content_index=0, part=_copy(item["content"][0])))
         return out
@@ -74,6 +91,9 @@ class _Items:
         if item["type"] == "function_call":
             return [self.event("response.function_call_arguments.delta", item_id=item["id"],
                                output_index=index, delta=text)]
+        if item["type"] == "code_interpreter_call":
+            return [self.event("response.code_interpreter_call_code.delta", item_id=item["id"],
+                               output_index=index, delta=text)] if text else []
         if item["type"] == "reasoning":
             return [self.event("response.reasoning_text.delta", item_id=item["id"], output_index=index,
                                content_index=0, delta=text)]
@@ -89,7 +109,11 @@ class _Items:
         item["status"] = "incomplete" if self._key in self.turn.incomplete else "completed"
         text = "".join(self._parts)
         out = []
-        if item["type"] == "function_call":
+        if item["type"] == "code_interpreter_call":  # python's code, when no call ended it
+            item["code"] = text
+            out.append(self.event("response.code_interpreter_call_code.done", item_id=item["id"],
+                                  output_index=index, code=text))
+        elif item["type"] == "function_call":
             item["arguments"] = text
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                   output_index=index, name=item["name"], arguments=text))
@@ -100,6 +124,12 @@ class _Items:
                 out.append(self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                                       content_index=0, text=text))
             else:
+                if self.annotate is not None:
+                    for n, note in enumerate(self.annotate(text)):
+                        part["annotations"].append(note)
+                        out.append(self.event("response.output_text.annotation.added", item_id=item["id"],
+                                              output_index=index, content_index=0, annotation_index=n,
+                                              annotation=dict(note)))
                 out.append(self.event("response.output_text.done", item_id=item["id"], output_index=index,
                                       content_index=0, text=text, logprobs=[]))
             out.append(self.event("response.content_part.done", item_id=item["id"], output_index=index,
@@ -108,25 +138,87 @@ class _Items:
         return out
 
     def _builtin(self, key: int) -> list[dict[str, Any]]:
-        """A built-in tool call as the API's own item, where one fits (else only the harmony field)."""
-        item = builtin_item(self.turn.builtin_calls[key])
-        if item is None:
-            return []
-        status = item["status"]
-        item["status"] = "in_progress"
-        index = len(self.items)
-        self.items.append(item)
-        added = self.event("response.output_item.added", output_index=index, item=_copy(item))
+        """A built-in tool call as the API's own item, where one fits (else only the harmony
+        field). One the gateway will run stays open (``pending``) until ``complete`` gives its
+        result; python's item is open already, its code streamed."""
+        call = self.turn.builtin_calls[key]
+        made = builtin_item(call)
+        open_code = self._open is not None and self._open["type"] == "code_interpreter_call"
+        out: list[dict[str, Any]] = []
+        if open_code and made is not None and made["type"] == "code_interpreter_call":
+            item = self._open
+            assert item is not None
+            self._open = None
+            index = len(self.items) - 1
+            item["code"] = made["code"]
+            item["harmony"] = made["harmony"]
+            out.append(self.event("response.code_interpreter_call_code.done", item_id=item["id"],
+                                  output_index=index, code=item["code"]))
+            status = made["status"]
+        else:
+            out += self.finish_open()
+            if made is None and self.will_run is not None and self.will_run(call):
+                # A call the tool runs though the item cannot show what it asked (arguments that
+                # are not JSON, a browser function that does not exist): the model gets an error.
+                made = {"id": new_id("ws"), "type": "web_search_call", "action": {"type": "search", "query": None},
+                        "status": "completed", "harmony": _written(call)}
+            if made is None:
+                return out
+            item, status, index = made, made["status"], len(self.items)
+            item["status"] = "in_progress"
+            self.items.append(item)
+            out.append(self.event("response.output_item.added", output_index=index, item=_copy(item)))
+            if item["type"] == "code_interpreter_call":
+                item["container_id"] = self.container_id
+                out.append(self.event("response.code_interpreter_call.in_progress", item_id=item["id"],
+                                      output_index=index))
+                out.append(self.event("response.code_interpreter_call_code.delta", item_id=item["id"],
+                                      output_index=index, delta=item["code"]))
+                out.append(self.event("response.code_interpreter_call_code.done", item_id=item["id"],
+                                      output_index=index, code=item["code"]))
+        if self.will_run is not None and status == "completed" and self.will_run(call):
+            self.pending = item
+            if item["type"] == "web_search_call":
+                out.append(self.event("response.web_search_call.in_progress", item_id=item["id"],
+                                      output_index=index))
+            return out
         item["status"] = status
-        return [added, self.event("response.output_item.done", output_index=index, item=_copy(item))]
+        out.append(self.event("response.output_item.done", output_index=index, item=_copy(item)))
+        return out
+
+    def running(self) -> list[dict[str, Any]]:
+        """The pending call's tool starts: ``interpreting`` / ``searching``."""
+        item = self.pending
+        assert item is not None
+        index = self.items.index(item)
+        if item["type"] == "code_interpreter_call":
+            item["status"] = "interpreting"
+            return [self.event("response.code_interpreter_call.interpreting", item_id=item["id"],
+                               output_index=index)]
+        item["status"] = "searching"
+        return [self.event("response.web_search_call.searching", item_id=item["id"], output_index=index)]
+
+    def complete(self, fields: dict[str, Any], failed: bool = False) -> list[dict[str, Any]]:
+        """The pending call's tool ended: its item takes ``fields`` (outputs, action, ...) and is done."""
+        item, self.pending = self.pending, None
+        assert item is not None
+        index = self.items.index(item)
+        for key, value in fields.items():
+            if key == "harmony":
+                item["harmony"] = {**item.get("harmony", {}), **value}
+            else:
+                item[key] = value
+        item["status"] = "failed" if failed else "completed"
+        kind = "code_interpreter_call" if item["type"] == "code_interpreter_call" else "web_search_call"
+        return [self.event(f"response.{kind}.completed", item_id=item["id"], output_index=index),
+                self.event("response.output_item.done", output_index=index, item=_copy(item))]
 
 
 def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
     """``web_search_call`` for browser.search / open / find, ``code_interpreter_call`` for python."""
-    recipient, body = call["recipient"], call["arguments"]
+    recipient, body = call.get("tool") or call["recipient"], call["arguments"]
     status = "incomplete" if call.get("incomplete") else "completed"
-    # How the model wrote it, so that replaying the item as input renders it back exactly.
-    written = {k: call.get(k) for k in ("recipient", "channel", "content_type", "arguments")}
+    written = _written(call)
     if recipient == "python":
         return {"id": new_id("ci"), "type": "code_interpreter_call", "code": body, "container_id": "",
                 "outputs": None, "status": status, "harmony": written}
@@ -150,10 +242,19 @@ def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
             "harmony": written}
 
 
+def _written(call: dict[str, Any]) -> dict[str, Any]:
+    """How the model wrote a call, so that replaying its item as input renders it back exactly."""
+    return {k: call.get(k) for k in ("recipient", "channel", "content_type", "arguments")}
+
+
 def _function_tools(tools: Any) -> list[dict[str, Any]]:
-    """The request's function tools in the Responses shape (Chat's nested shape accepted)."""
+    """The request's tools in the Responses shape (Chat's nested shape accepted): functions,
+    and hosted tools as the request gave them."""
     out = []
     for t in tools if isinstance(tools, list) else []:
+        if namespace_of(t) is not None:
+            out.append(dict(t))
+            continue
         fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             out.append({"type": "function", "name": fn["name"], "description": fn.get("description"),
@@ -192,6 +293,45 @@ class ResponsesStream(OutputStream):
                          prompt_tokens=prompt_tokens)
         self.created_at = created_at if created_at is not None else time.time()
         self._items = _Items(self.turn)
+        self.steps: list[Turn] = []  # the turns before this one, when the gateway ran tools between
+        self._step_prompts = 0  # their prompts' tokens
+
+    @property
+    def items(self) -> _Items:
+        """The output items and what makes their events (the agent loop drives its tool calls)."""
+        return self._items
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(t.output_tokens for t in self.steps) + self.turn.output_tokens
+
+    def end_step(self, finish_reason: str = "stop") -> list[dict[str, Any]]:
+        """The engine's output for this step ended at a built-in call the gateway runs: the
+        events it still makes (the call's item stays pending); the response goes on."""
+        out = self.feed([])
+        events, _ = self.turn.close(finish_reason)
+        return out + self._items.convert(events)
+
+    def next_step(self, prompt_tokens: int) -> None:
+        """The engine generates again (after a tool's result), from a prompt of ``prompt_tokens``."""
+        assert self.turn.closed, "end_step() first"
+        self._step_prompts += self.prompt_tokens()
+        self.steps.append(self.turn)
+        self.turn = Turn(self._encoding, self.turn.names, hosted=self.turn.hosted)
+        self._items.turn = self.turn
+        self._prompt_tokens = prompt_tokens
+
+    def extension(self) -> dict[str, Any]:
+        """The ``harmony`` field over every step: repairs, notes and built-in calls in order."""
+        if not self.steps:
+            return self.turn.extension()
+        out: dict[str, Any] = {"repairs": []}
+        for turn in [*self.steps, self.turn]:
+            for key, value in turn.extension().items():
+                out.setdefault(key, [])
+                out[key] += value
+        out["steps"] = len(self.steps) + 1
+        return out
 
     def response(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
         """The ``Response`` object at this point of the stream."""
@@ -243,14 +383,15 @@ class ResponsesStream(OutputStream):
         response = self.response(status, [_copy(i) for i in self._items.items])
         if status == "incomplete":
             response["incomplete_details"] = {"reason": _INCOMPLETE[reason]}
-        prompt = self.prompt_tokens()
+        prompt = self._step_prompts + self.prompt_tokens()
+        reasoning = sum(t.reasoning_tokens for t in self.steps) + self.turn.reasoning_tokens
         response["usage"] = {
             "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self.turn.reasoning_tokens},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + self.output_tokens,
         }
-        response["harmony"] = self.turn.extension()
+        response["harmony"] = self.extension()
         out.append(self._items.event(f"response.{status}", response=response))
         return out
 

@@ -47,6 +47,7 @@ from ..parse.machine import HEADER_LIMIT
 from ..parse.stream import StreamableParser
 from ..tokens import STOP_TOKEN_SET, as_token_ids
 from .errors import StreamClosed
+from .hosted import builtin_recipient, hosted_tools
 from .names import FUNCTIONS, ToolNames, declared_names
 
 _BUILTIN_PREFIXES = ("browser.", "container.", "functions_builtin.")
@@ -64,6 +65,8 @@ NOTE_KINDS: dict[str, str] = {
     "undeclared_tool": "a call to functions.NAME for a NAME the request did not declare",
     "recipient_ignored": "a recipient that is no tool; the message was shown by its channel",
     "unknown_recipient": "a message to a recipient that is no tool, with no channel to show it by",
+    "container_rebuilt": "a python container held elsewhere was rebuilt here by running its earlier cells again",
+    "browser_rebuilt": "a chain's browser pages held elsewhere were rebuilt by running its earlier calls again",
 }
 
 
@@ -193,6 +196,7 @@ class _Open:
     emitted: int = 0  # characters of the body already consumed
     args: ArgumentStream | None = None
     note: Note | None = None  # said when the message ends
+    tool: str | None = None  # the built-in tool a builtin message calls, when the request has it
 
 
 @dataclass
@@ -206,6 +210,12 @@ class Turn:
     builtin_calls: list[dict[str, Any]] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     incomplete: set[int] = field(default_factory=set)  # keys of items cut off by max_tokens
+    # the built-in namespaces the request has (python, browser): calls to them, the model's
+    # slips functions.python / functions.browser.x included, are built-in calls; python's code
+    # streams (events of kind "code")
+    hosted: tuple[str, ...] = ()
+    # the parser message index of each built-in call (None: an empty one the parser dropped)
+    builtin_messages: list[int | None] = field(default_factory=list)
     reasoning_tokens: int = 0
     output_tokens: int = 0
 
@@ -326,6 +336,8 @@ class Turn:
         name = self.names.resolve(r)
         if name is not None:
             return "call", name, None
+        if self.hosted and builtin_recipient(r, self.hosted) is not None:
+            return "builtin", "", None
         if r.startswith(_BUILTIN_PREFIXES) or r == "python" or ("." in r and not r.startswith(FUNCTIONS)):
             return "builtin", "", None
         if r.startswith(FUNCTIONS) and not named_nothing(r):
@@ -356,6 +368,10 @@ class Turn:
             self._has_final = True
             if self._pending:
                 self._flush_pending("reasoning")
+        elif route == "builtin" and h.recipient is not None:
+            op.tool = builtin_recipient(h.recipient, self.hosted)
+            if op.tool == "python":
+                self._text("code", op.key, "")  # python's code streams as it is written
         return op
 
     def _delta(self, op: _Open, text: str) -> None:
@@ -368,6 +384,8 @@ class Turn:
         elif op.route == "call":
             assert op.args is not None
             self._text("call", op.key, op.args.feed(text))
+        elif op.tool == "python":
+            self._text("code", op.key, text)
 
     def _stream_pending(self, op: _Open) -> None:
         """Text without a channel, too long to hold: shown from here, with what came before it."""
@@ -381,7 +399,7 @@ class Turn:
         self._text(kind, op.key, text)
 
     def _text(self, kind: str, key: int, text: str) -> None:
-        if not text and kind != "call":
+        if not text and kind not in ("call", "code"):
             return
         if self._pending:
             # Text without a channel came first and is not decided yet: keep the order.
@@ -410,11 +428,16 @@ class Turn:
             self._finish_call(op, rest, text, cut)
         elif op.route == "builtin":
             self._after_call = True
+            if op.tool == "python":
+                self._delta(op, rest)
             call: dict[str, Any] = {"recipient": op.header.recipient, "channel": op.header.channel,
                                     "content_type": op.header.content_type, "arguments": text}
+            if op.tool is not None and op.tool != op.header.recipient:
+                call["tool"] = op.tool
             if cut:
                 call["incomplete"] = True
             self.builtin_calls.append(call)
+            self.builtin_messages.append(self._seen - 1 if ntokens else None)
             self._events.append(Event("builtin", "builtin", len(self.builtin_calls) - 1))
         elif text and op.note is None:
             after = self._after_call
@@ -502,7 +525,7 @@ class OutputStream:
         self.request = request or {}
         self.id = id or new_id(self.id_prefix)
         self.model = model or self.request.get("model") or "gpt-oss"
-        self.turn = Turn(encoding, declared_names(request))
+        self.turn = Turn(encoding, declared_names(request), hosted=hosted_tools(request))
         self._encoding = encoding
         self._render = render
         self._prompt_tokens = prompt_tokens

@@ -16,11 +16,15 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
 
 from .. import HarmonyEncodingName, load_harmony_encoding
+from ..agent import Agent, drive
+from ..agent.loop import ContextFull
 from ..encoding import HarmonyEncoding
 from ..errors import HarmonyError
 from ..grammar import harmony_grammar
@@ -34,11 +38,14 @@ from ..openai import (
     render_responses_request,
 )
 from ..openai.chat import content_logprobs
+from ..openai.hosted import HOSTED, hosted_tools
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
 from ..openai.turn import new_id
 from ..store import StoredResponse, StoreError, open_store
+from ..tools import OPTIONS, BackendError, SandboxError, Toolbox
+from ..tools.index import IndexFileError
 from .engines import Job
 from .errors import HTTPError
 from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
@@ -82,6 +89,15 @@ class Gateway(StatefulRoutes):
         self.metrics = Metrics()
         self.active = 0
         self._started = False
+        try:
+            self.toolbox = Toolbox(self.encoding, sandbox=settings.sandbox, browser=settings.browser,
+                                   fetch_allow=settings.fetch_allow)
+        except (SandboxError, BackendError, IndexFileError) as e:
+            option = "--python" if isinstance(e, SandboxError) else "--browser"
+            raise ValueError(f"{option}: {e}") from None
+        self._render: dict[str, Callable[[HarmonyEncoding, dict[str, Any]], Any]] = {
+                        "chat": render_chat_request,
+                        "responses": partial(render_responses_request, hosted=self.toolbox.declarations())}
         store = open_store(settings.store_url, ttl=settings.store_ttl, timeout=settings.store_timeout)
         self.state = State(store, lease=settings.store_lease) if store is not None else None
         self._routes: dict[tuple[str, str], Route] = {
@@ -168,6 +184,7 @@ class Gateway(StatefulRoutes):
             elif message["type"] == "lifespan.shutdown":
                 if self.state is not None:
                     await self.state.close()
+                await self.toolbox.close()
                 await self.upstream.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -242,11 +259,12 @@ class Gateway(StatefulRoutes):
                 info["request"] = request
             info["prompt_tokens"] = len(job.prompt)
             self.metrics.tokens.labels("in").inc(len(job.prompt))
+            agent = self._agent(request, owner, job) if kind == "responses" else None
             record = None
             if kind == "responses" and self.state is not None and request.get("store") is not False:
                 info["response_id"] = rid = new_id("resp")
                 if request.get("background"):
-                    return await self._background(send, receive, request, job, info, owner, rid, own)
+                    return await self._background(send, receive, request, job, info, owner, rid, own, agent)
                 snapshot = self._responses_stream(request, job, rid).response("in_progress", [])
                 record = self.state.record(snapshot, request, own, owner)
                 if request.get("stream"):  # its id is out before it ends: stored from the start
@@ -255,10 +273,37 @@ class Gateway(StatefulRoutes):
                 raise HTTPError(400, "background responses are stored responses: send store true (the "
                                      "default) with background", param="store")
             if request.get("stream"):
-                return await self._stream(send, receive, request, job, kind, info, record)
+                return await self._stream(send, receive, request, job, kind, info, record, agent)
+            if agent is not None:
+                return await self._whole_turn(send, receive, request, job, info, record, agent)
             return await self._whole(send, receive, request, job, kind, info, record)
         finally:
             self.active -= 1
+
+    def _agent(self, request: dict[str, Any], owner: str, job: Job) -> Agent | None:
+        """The loop that runs this response's built-in calls, when it asks for tools this gateway runs."""
+        hosted = hosted_tools(request)
+        if not hosted:
+            return None
+        chain = request.get("previous_response_id")
+        conversation = request.get("conversation")
+        if conversation is not None:
+            chain = conversation.get("id") if isinstance(conversation, dict) else conversation
+        try:
+            return Agent(self.toolbox, self.encoding, request, owner, job.prompt,
+                         chain=chain if isinstance(chain, str) else None)
+        except RequestError as e:
+            raise HTTPError(400, e.message, param=e.param) from None
+
+    def _check_hosted(self, request: dict[str, Any]) -> None:
+        """A hosted tool this deployment does not run is a 400 naming the option that enables it."""
+        tools = request.get("tools")
+        for i, t in enumerate(tools if isinstance(tools, list) else []):
+            kind = t.get("type") if isinstance(t, dict) else None
+            ns = HOSTED.get(kind) if isinstance(kind, str) else None
+            if ns is not None and ns not in self.toolbox.enabled:
+                raise RequestError(f"tools[{i}]", f"the {t['type']} tool needs the gateway started with "
+                                                  f"{OPTIONS[ns]} (this gateway does not run gpt-oss's {ns} tool)")
 
     async def _prepare(self, data: bytes, kind: str, owner: str) -> tuple[dict[str, Any], list[int], Any]:
         """The request, checked, with its stored history in front (previous_response_id,
@@ -269,6 +314,8 @@ class Gateway(StatefulRoutes):
         if len(data) < LARGE:
             request = _parse(data)
             check_fields(request, kind, stateful=stateful)
+            if kind == "responses":
+                self._check_hosted(request)
             own = request.get("input")
             if kind == "responses" and self.state is not None:
                 request = await self.state.expand(request, owner)
@@ -280,15 +327,17 @@ class Gateway(StatefulRoutes):
                 else _parse(data)
             del data
             check_fields(request, kind, stateful=stateful)
+            if kind == "responses":
+                self._check_hosted(request)
             own = request.get("input")
             if kind == "responses" and self.state is not None:
                 request = await self.state.expand(request, owner)
-            tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,
+            tokens = await asyncio.to_thread(render_tokens, self._render[kind], self.encoding, request,
                                              self.settings.log_content)
         return (*self._truncate(request, kind, tokens), own)
 
     def _render_truncated(self, request: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[int]]:
-        return self._truncate(request, kind, _RENDER[kind](self.encoding, request).tokens)
+        return self._truncate(request, kind, self._render[kind](self.encoding, request).tokens)
 
     def _truncate(self, request: dict[str, Any], kind: str,
                   tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
@@ -311,7 +360,7 @@ class Gateway(StatefulRoutes):
             if start == len(items):
                 return None
             kept = items[start:]
-            return kept, _RENDER[kind](self.encoding, {**request, "input": kept}).tokens
+            return kept, self._render[kind](self.encoding, {**request, "input": kept}).tokens
 
         lo, hi = 1, len(items) - 1  # the newest item always stays
         best: tuple[list[Any], list[int]] | None = None
@@ -387,8 +436,8 @@ class Gateway(StatefulRoutes):
         await _json_response(send, 200, out)
         return 200
 
-    async def _stream(self, send: Send, receive: Receive, request: dict[str, Any],
-                      job: Job, kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
+    async def _stream(self, send: Send, receive: Receive, request: dict[str, Any], job: Job, kind: str,
+                      info: dict[str, Any], record: StoredResponse | None = None, agent: Agent | None = None) -> int:
         t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
         try:
@@ -406,10 +455,14 @@ class Gateway(StatefulRoutes):
             out = ResponsesStream(self.encoding, request=request, model=client_model,
                                   prompt_tokens=len(job.prompt), id=record.id if record else None,
                                   created_at=record.created_at if record else None)
+            if agent is not None:
+                agent.attach(out)
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
             body = b"".join([_frame(e, kind) for e in events])
             if last:
+                if agent is not None:
+                    agent.keep(events[-1]["response"]["id"], _conversation_id(request))
                 if record is not None:
                     try:
                         await self._finish(record, events[-1]["response"])
@@ -427,7 +480,9 @@ class Gateway(StatefulRoutes):
             await send({"type": "http.response.body", "more_body": True,
                         "body": b"".join([_frame(e, kind) for e in out.feed([])])})
             end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
-            pump = asyncio.ensure_future(self._pump(emit, batches, out, end, info))
+            pump = asyncio.ensure_future(self._pump(emit, batches, out, end, info) if agent is None or
+                                         not isinstance(out, ResponsesStream) else
+                                         self._turn(emit, batches, out, job, request, info, agent))
             done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
             if pump not in done:  # the client went away: stop generating upstream
                 info["error"] = "client disconnected"
@@ -472,6 +527,90 @@ class Gateway(StatefulRoutes):
         await emit(_feed(out, rest, rest_lps) + out.close(finish), True)
         self._count(info, out.output_tokens, [out.turn.extension()])
 
+    async def _turn(self, emit: Emit, batches: EngineStream, out: ResponsesStream, job: Job,
+                    request: dict[str, Any], info: dict[str, Any], agent: Agent) -> None:
+        """A turn with built-in tools: the agent loop over this gateway's engines, each step's
+        engine stream closed when the next opens (or the turn ends)."""
+        streams = [batches]
+        model = request.get("model")
+
+        async def generate(prompt: list[int], limit: int | None) -> _EngineStep:
+            next_job = replace(job, prompt=prompt, max_tokens=limit if limit is not None else None)
+            with contextlib.suppress(Exception):
+                await streams[-1].aclose()
+            try:
+                got = await self.upstream.stream(next_job, model, self.encoding)
+            except ContextExceeded:
+                raise ContextFull() from None
+            except UpstreamRejected as e:  # the engine's own context check, in its words
+                if "context" in e.message.lower() or "too long" in e.message.lower():
+                    raise ContextFull() from None
+                raise
+            streams.append(got)
+            self.metrics.tokens.labels("in").inc(len(prompt))
+            return _EngineStep(got, OutputEnd(self.encoding, job.sampling.get("stop") or ()))
+
+        try:
+            await drive(out, agent, _EngineStep(batches, OutputEnd(self.encoding, job.sampling.get("stop") or ())),
+                        generate, emit)
+        except (UpstreamError, UpstreamRejected) as e:
+            info["error"] = e.message
+            await emit(out.fail(e.message), True)
+        finally:
+            for stream in streams[1:]:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+        self._count(info, out.output_tokens, [out.extension()])
+
+    async def _whole_turn(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
+                          info: dict[str, Any], record: StoredResponse | None, agent: Agent) -> int:
+        """A non-streamed response with built-in tools: the same loop, answered when it ends."""
+        t0 = time.perf_counter()
+        try:
+            batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
+        except HTTPError as e:
+            await self._abandon(record, None, e.message)
+            raise
+        self._latency(info, t0)
+        out = ResponsesStream(self.encoding, request=request, model=request.get("model") or "gpt-oss",
+                              prompt_tokens=len(job.prompt), id=record.id if record else None,
+                              created_at=record.created_at if record else None)
+        agent.attach(out)
+        final: list[dict[str, Any]] = []
+
+        async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            if last:
+                final.append(events[-1]["response"])
+
+        out.feed([])
+        turn = asyncio.ensure_future(self._turn(emit, batches, out, job, request, info, agent))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({turn, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not turn.done():  # the client went away: the tools and the engine are stopped
+                turn.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await turn
+                info["error"] = "client disconnected"
+                await self._abandon(record, out, CLIENT_LEFT)
+                with contextlib.suppress(Exception):
+                    await batches.aclose()
+                return 499  # noqa: B012 - the answer has nowhere to go
+            with contextlib.suppress(Exception):
+                await batches.aclose()
+        turn.result()
+        response = final[-1]
+        if response["status"] == "failed":
+            await self._abandon(record, None, response["error"]["message"])
+            raise HTTPError(502, response["error"]["message"], code="upstream_error")
+        agent.keep(response["id"], _conversation_id(request))
+        if record is not None:
+            await self._finish(record, response)
+        await _json_response(send, 200, response)
+        return 200
+
     # -- stored responses ------------------------------------------------------------
 
     async def _finish(self, record: StoredResponse, response: dict[str, Any]) -> None:
@@ -490,7 +629,7 @@ class Gateway(StatefulRoutes):
         await self.state.abandon(record, response, why)
 
     async def _background(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
-                          info: dict[str, Any], owner: str, rid: str, own: Any) -> int:
+                          info: dict[str, Any], owner: str, rid: str, own: Any, agent: Agent | None = None) -> int:
         """``background: true``: stored ``queued`` and answered at once; generated by a task of the
         gateway's own that outlives the client (and is cancelled from any replica); with
         ``stream: true`` the client follows its events, and may come back for them."""
@@ -504,7 +643,7 @@ class Gateway(StatefulRoutes):
         record = state.record(snapshot, request, own, owner)
         await state.begin(record)
         live = state.live[rid] = Live()
-        state.tasks[rid] = asyncio.ensure_future(self._generate(record, request, job, live, dict(info)))
+        state.tasks[rid] = asyncio.ensure_future(self._generate(record, request, job, live, dict(info), agent))
         info["background"] = True
         if not request.get("stream"):
             await _json_response(send, 200, record.response)
@@ -512,7 +651,7 @@ class Gateway(StatefulRoutes):
         return await self._follow(send, receive, live.follow(-1))
 
     async def _generate(self, record: StoredResponse, request: dict[str, Any], job: Job, live: Live,
-                        info: dict[str, Any]) -> None:
+                        info: dict[str, Any], agent: Agent | None = None) -> None:
         """A background response's generation, whoever is watching: its events kept (in memory for
         followers here, in the store for every other), the response stored before its last event
         is published."""
@@ -520,6 +659,8 @@ class Gateway(StatefulRoutes):
         state = self.state
         out = self._responses_stream(request, job, record.id)
         out.created_at = record.created_at
+        if agent is not None:
+            agent.attach(out)
         # Kept whether or not its creator streams: any client may stream it again, from any replica.
         writer = EventWriter(state.store, record.id)
 
@@ -528,6 +669,8 @@ class Gateway(StatefulRoutes):
             writer.add(frames)
             if last:
                 await writer.drain()
+                if agent is not None:
+                    agent.keep(record.id, _conversation_id(request))
                 await state.finish(record, events[-1]["response"])
             live.add(frames, done=last)
 
@@ -540,8 +683,11 @@ class Gateway(StatefulRoutes):
                 return
             await state.store.start_response(record.id, state.instance)
             await emit(out.feed([]), False)
-            end = OutputEnd(self.encoding, job.sampling.get("stop") or ())
-            await self._pump(emit, batches, out, end, info)
+            if agent is not None:
+                await self._turn(emit, batches, out, job, request, info, agent)
+            else:
+                await self._pump(emit, batches, out, OutputEnd(self.encoding, job.sampling.get("stop") or ()),
+                                 info)
         except asyncio.CancelledError:  # cancelled (the store keeps that), or the gateway shutting down
             with contextlib.suppress(StoreError):
                 await writer.drain()
@@ -685,6 +831,37 @@ class Gateway(StatefulRoutes):
             info["repairs"] = kinds
 
 
+class _EngineStep:
+    """One engine stream as the agent loop reads it: output ids (the stop strings applied), then
+    the engine's finish reason."""
+
+    def __init__(self, batches: EngineStream, end: OutputEnd) -> None:
+        self.batches, self.end = batches, end
+        self.finish_reason = "stop"
+
+    async def __aiter__(self) -> AsyncIterator[list[int]]:
+        finish = "stop"
+        async for batch in self.batches:
+            ids: list[int] = []
+            for piece in batch:
+                got, _ = self.end.feed(piece.ids, piece.logprobs)
+                ids += got
+                if piece.finish_reason is not None:
+                    finish = piece.finish_reason
+            if ids:
+                yield ids
+        rest, _ = self.end.finish(ended=finish != "length")
+        self.finish_reason = finish
+        if rest:
+            yield rest
+
+
+def _conversation_id(request: dict[str, Any]) -> str | None:
+    c = request.get("conversation")
+    cid = c.get("id") if isinstance(c, dict) else c
+    return cid if isinstance(cid, str) else None
+
+
 def _bearer(scope: Scope) -> str:
     auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
     return auth[7:] if auth.lower().startswith("bearer ") else ""
@@ -700,9 +877,6 @@ def _log_line(info: dict[str, Any]) -> str:
     except (TypeError, orjson.JSONEncodeError):
         info["request"] = "(not logged: it cannot be written as JSON, e.g. nested too deep)"
         return orjson.dumps(info, default=str).decode()
-
-
-_RENDER = {"chat": render_chat_request, "responses": render_responses_request}
 
 
 def _parse(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> Any:

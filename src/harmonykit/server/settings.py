@@ -48,6 +48,14 @@ class Settings:
     store_ttl: float = 30 * 86400.0  # seconds an object is kept after its last change
     store_lease: float = 15.0  # seconds a gateway vouches for a response it generates, renewed
     store_timeout: float = 10.0  # seconds a store call may take before the request is a 503
+    # gpt-oss's built-in tools, run by the gateway (off unless enabled)
+    python: bool = False  # the python tool (Responses' code_interpreter), in a sandbox
+    python_timeout: float = 120.0  # seconds a cell may run
+    python_memory_mb: int = 1024  # address space of a container's interpreter
+    python_procs: int = 64  # processes and threads a container may have
+    python_sandbox: str = "bwrap"  # bwrap, or none (no isolation: only when asked for by name)
+    browser: str | None = None  # the browser tool's search backend: searxng=URL, exa, youcom, index=PATH
+    fetch_allow: tuple[str, ...] = ()  # address ranges the browser may open despite the SSRF rules
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -86,6 +94,14 @@ class Settings:
             raise ValueError(f"render_cache_mb must be 0 (off) or more, got {self.render_cache_mb}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
+        for name in ("python_timeout", "python_memory_mb", "python_procs"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.python_sandbox not in ("bwrap", "none"):
+            raise ValueError(f"python_sandbox must be bwrap or none, got {self.python_sandbox!r}")
+        from ..tools.net import parse_allow
+
+        parse_allow(self.fetch_allow)
 
     @cached_property
     def keys(self) -> tuple[str, ...]:
@@ -99,6 +115,16 @@ class Settings:
             raise ValueError(f"--api-keys-file {self.api_keys_file!r} cannot be read: {e.strerror}") from None
         lines = [line.strip() for line in text.splitlines()]
         return given + tuple(line for line in lines if line and not line.startswith("#"))
+
+    @property
+    def sandbox(self) -> Any:
+        """The python tool's sandbox (None: the tool is off)."""
+        if not self.python:
+            return None
+        from ..tools.python import Sandbox
+
+        return Sandbox(timeout=self.python_timeout, memory=self.python_memory_mb << 20, procs=self.python_procs,
+                       isolation=self.python_sandbox)
 
     @property
     def store_url(self) -> str:
@@ -123,6 +149,8 @@ class Settings:
             values["api_key"] = tuple(values["api_key"])
         if "upstream" in values:
             values["upstream"] = tuple(u.rstrip("/") for u in values["upstream"])
+        if "fetch_allow" in values:
+            values["fetch_allow"] = tuple(values["fetch_allow"])
         return cls(**values)
 
 
@@ -150,10 +178,11 @@ def _parse(name: str, raw: str) -> Any:
         "port": int, "max_concurrency": int, "max_body_bytes": int, "upstream_timeout": float,
         "health_interval": float, "max_tokens_default": int, "body_timeout": float,
         "header_timeout": float, "render_cache_mb": int, "store_ttl": duration,
-        "store_lease": float, "store_timeout": float}
-    if name == "upstream":
+        "store_lease": float, "store_timeout": float, "python_timeout": float, "python_memory_mb": int,
+        "python_procs": int}
+    if name in ("upstream", "fetch_allow"):
         return [u.strip() for u in raw.split(",") if u.strip()]
-    if name == "log_content":
+    if name in ("log_content", "python"):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if name in kinds:
         try:

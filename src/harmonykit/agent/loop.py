@@ -1,0 +1,198 @@
+"""One Responses turn with the gateway's built-in tools in it.
+
+The loop (``drive``) feeds each step's tokens to the response's stream; when a step ends at
+a built-in call the ``Agent`` will run, it runs it (its item's ``interpreting`` / ``searching``
+and ``completed`` events sent as they happen), renders the next prompt and generates again,
+until an answer, a client function call, ``max_tool_calls`` or the output budget
+(``max_output_tokens`` over the whole turn) ends it. A tool that fails, times out or is
+called badly gives the model an error to read; the turn goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from ..encoding import HarmonyEncoding
+from ..model import Author, Message, Role, TextContent
+from ..openai.hosted import container_of, hosted_tools
+from ..openai.responses import CITATION, ResponsesStream
+from ..openai.turn import Note
+from ..tokens import START
+from ..tools import BrowserTool, Call, Context, PythonTool, Toolbox, ToolResult
+
+log = logging.getLogger("harmonykit.agent")
+
+Emit = Callable[[list[dict[str, Any]], bool], Awaitable[None]]  # events out; True: the last of them
+
+
+class Step(Protocol):
+    """One generation: batches of output token ids, then the engine's finish reason."""
+
+    finish_reason: str
+
+    def __aiter__(self) -> AsyncIterator[list[int]]: ...
+
+
+Generate = Callable[[list[int], "int | None"], Awaitable[Step]]  # (prompt, max tokens) -> the step
+
+
+class ContextFull(Exception):
+    """The next step's prompt does not fit the engine's context: the turn ends incomplete."""
+
+
+class Agent:
+    """What one response's loop knows: the tools, whose turn it is, the history (to rebuild
+    containers and pages held elsewhere), the prompt so far, the limits."""
+
+    def __init__(self, toolbox: Toolbox, encoding: HarmonyEncoding, request: dict[str, Any], owner: str,
+                 prompt: list[int], *, chain: str | None = None) -> None:
+        self.toolbox = toolbox
+        self.encoding = encoding
+        self.request = request
+        self.prompt = list(prompt)
+        self.hosted = tuple(ns for ns in hosted_tools(request) if ns in toolbox.enabled)
+        self.max_calls = request.get("max_tool_calls")
+        self.limit = request.get("max_output_tokens")
+        self.calls = 0
+        self.chain = chain  # the response or conversation the browser's pages continue from
+        history = [i for i in request.get("input") or [] if isinstance(i, dict)] \
+            if isinstance(request.get("input"), list) else []
+        include = request.get("include")
+        self.ctx = Context(owner, history=history,
+                           include=tuple(i for i in include if isinstance(i, str)) if isinstance(include, list) else ())
+        self.ctx.container = self._container(history) if "python" in self.hosted else ""
+        self._tail = [START, *encoding.encode(Role.ASSISTANT.value)]
+
+    def _container(self, history: list[dict[str, Any]]) -> str:
+        """The container python runs in: the one the request names, else the chain's latest."""
+        named = container_of(self.request)
+        if named != "auto":
+            return named
+        for item in reversed(history):
+            cid = item.get("container_id")
+            if item.get("type") == "code_interpreter_call" and isinstance(cid, str) and cid.startswith("cntr_"):
+                return cid
+        python = self.toolbox.tools["python"]
+        assert isinstance(python, PythonTool)
+        return python.containers.new_id()
+
+    def attach(self, out: ResponsesStream) -> None:
+        """Let the response's items know which calls run, where python runs, how to cite."""
+        items = out.items
+        items.will_run = self.will_run
+        items.container_id = self.ctx.container
+        if "browser" in self.hosted:
+            items.annotate = self.annotate
+
+    def will_run(self, call: dict[str, Any]) -> bool:
+        tool = call.get("tool") or call["recipient"]
+        ns = "python" if tool == "python" else "browser" if tool.startswith("browser.") else ""
+        return ns in self.hosted and (self.max_calls is None or self.calls < self.max_calls)
+
+    def budget(self, out: ResponsesStream) -> int | None:
+        """Output tokens left for the next step (None: no limit set)."""
+        return None if self.limit is None else self.limit - out.output_tokens
+
+    async def run(self, out: ResponsesStream, emit: Emit) -> list[int]:
+        """Run the pending call; returns the next step's prompt."""
+        turn = out.turn
+        call = turn.builtin_calls[-1]
+        before = turn.builtin_messages[-1]
+        tool_name = call.get("tool") or call["recipient"]
+        await emit(out.items.running(), False)
+        result = await self._run(Call(tool_name, call["arguments"], call.get("channel")))
+        notes, self.ctx.notes = self.ctx.notes, []
+        for note in notes:
+            turn.notes.append(_note(note))
+        await emit(out.items.complete(result.fields, failed=result.failed), False)
+        self.calls += 1
+        messages = turn.parser.messages
+        done = messages[: before if before is not None else len(messages)]
+        tokens = self.prompt[: len(self.prompt) - len(self._tail)]
+        render = self.encoding.render
+        for m in done:
+            if m.author.role is Role.ASSISTANT:  # the model writing "user" messages does not make them so
+                tokens += render(m)
+        channel = call.get("channel")
+        written = Message(author=Author(role=Role.ASSISTANT), content=[TextContent(text=call["arguments"])],
+                          channel=channel, recipient=call["recipient"], content_type=call.get("content_type"))
+        tokens += render(written)
+        tokens += render(Message(author=Author(role=Role.TOOL, name=tool_name), content=[TextContent(text=result.text)],
+                                 channel=channel, recipient="assistant"))
+        tokens += self._tail
+        self.prompt = tokens
+        return tokens
+
+    async def _run(self, call: Call) -> ToolResult:
+        ns = "python" if call.tool == "python" else "browser"
+        tool = self.toolbox.tools[ns]
+        try:
+            if isinstance(tool, BrowserTool) and self.ctx.browser is None:
+                self.ctx.browser = await tool.resume(self.ctx, self.chain)
+            return await tool.run(call, self.ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a tool's own failure: the model reads it, the turn goes on
+            log.exception("built-in tool %s failed", call.tool)
+            text = f"Error: the {call.tool} tool failed ({type(e).__name__}: {e})"
+            return ToolResult(text, {"harmony": {"result": text, "tool": call.tool}}, failed=True)
+
+    def annotate(self, text: str) -> list[dict[str, Any]]:
+        """``url_citation`` annotations over the citations of pages the browser showed."""
+        session = self.ctx.browser
+        if session is None:
+            return []
+        out = []
+        for m in CITATION.finditer(text):
+            cursor = int(m.group(1))
+            if cursor < len(session.stack):
+                page = session.stack[cursor]
+                if page.url.startswith(("http://", "https://")) and page.snippets is None:
+                    out.append({"type": "url_citation", "start_index": m.start(), "end_index": m.end(),
+                                "title": page.title, "url": page.url})
+        return out
+
+    def keep(self, *keys: str | None) -> None:
+        """After the response: its browser pages kept under its id (and its conversation's)."""
+        session = self.ctx.browser
+        tool = self.toolbox.tools.get("browser")
+        if session is None or not isinstance(tool, BrowserTool):
+            return
+        for key in keys:
+            if key:
+                tool.keep(self.ctx.owner, key, session)
+
+
+def _note(note: dict[str, str]) -> Note:
+    return Note(note["kind"], note["detail"], note.get("text", ""))
+
+
+async def drive(out: ResponsesStream, agent: Agent | None, step: Step, generate: Generate, emit: Emit) -> None:
+    """The turn: each step streamed into ``out``; built-in calls the agent runs, run; the
+    response closed (``emit``-ted with ``last``) when the turn ends."""
+    while True:
+        async for ids in step:
+            events = out.feed(ids)
+            if events:
+                await emit(events, False)
+        finish = step.finish_reason
+        if agent is None or out.items.pending is None:
+            await emit(out.close(finish), True)
+            return
+        await emit(out.end_step(finish), False)
+        prompt = await agent.run(out, emit)
+        left = agent.budget(out)
+        if left is not None and left <= 0:
+            out.next_step(0)
+            await emit(out.close("length"), True)
+            return
+        try:
+            step = await generate(prompt, left)
+        except ContextFull:
+            out.next_step(0)
+            await emit(out.close("length"), True)
+            return
+        out.next_step(len(prompt))

@@ -1,0 +1,101 @@
+"""The Responses API's hosted tools as gpt-oss's built-in tools: which request tool is which
+namespace, how each is checked, and the recipients the model uses for them.
+
+``{"type": "code_interpreter", "container": ...}`` is ``python``; ``{"type": "web_search"}``
+(and the ``web_search_preview`` spellings) is ``browser``. The model also slips into
+``functions.python`` / ``functions.browser.search``; those are the built-in tools too when the
+request has them and declares no function of that name.
+
+>>> hosted_tools({"tools": [{"type": "web_search"}, {"type": "function", "name": "f"}]})
+('browser',)
+>>> builtin_recipient("functions.browser.search", ("browser",))
+'browser.search'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import RequestError, shown
+
+#: Request tool type -> the built-in namespace it is.
+HOSTED: dict[str, str] = {
+    "code_interpreter": "python",
+    "web_search": "browser",
+    "web_search_preview": "browser",
+    "web_search_2025_08_26": "browser",
+    "web_search_preview_2025_03_11": "browser",
+}
+#: The order the namespaces are declared in the system message (gpt-oss's server's).
+ORDER = ("browser", "python")
+#: Fields each hosted tool may carry (OpenAI's); anything else is a 400 naming it.
+_FIELDS = {
+    "python": {"type", "container"},
+    "browser": {"type", "search_context_size", "user_location", "filters", "external_web_access",
+                "search_content_types", "image_settings"},
+}
+#: ``include`` values about hosted tools' items.
+INCLUDES = ("code_interpreter_call.outputs", "web_search_call.action.sources", "web_search_call.results")
+
+
+def namespace_of(spec: Any) -> str | None:
+    """The built-in namespace a request tool is, or None for a function (or anything else)."""
+    if isinstance(spec, dict):
+        kind = spec.get("type")
+        if isinstance(kind, str):
+            return HOSTED.get(kind)
+    return None
+
+
+def check_hosted_tool(spec: dict[str, Any], param: str) -> str:
+    """A hosted tool's namespace, its fields checked."""
+    ns = HOSTED[spec["type"]]
+    for key in spec:
+        if key not in _FIELDS[ns]:
+            raise RequestError(f"{param}.{key}", f"unknown field {shown(key)} on a {spec['type']} tool")
+    if ns == "python":
+        container = spec.get("container", "auto")
+        if isinstance(container, dict):
+            kind = container.get("type", "auto")
+            if kind != "auto":
+                raise RequestError(f"{param}.container.type", f"container type must be 'auto', got {shown(kind)}")
+            files = container.get("file_ids") or []
+            if files:
+                raise RequestError(f"{param}.container.file_ids", "files in a container are not supported: put "
+                                   "the data in the conversation, or have the code create it")
+        elif not isinstance(container, str) or not container:
+            raise RequestError(f"{param}.container", "container must be 'auto', a container id, or "
+                                                     '{"type": "auto"}')
+    return ns
+
+
+def hosted_tools(request: dict[str, Any] | None) -> tuple[str, ...]:
+    """The built-in namespaces a request's tools ask for, in declaration order."""
+    tools = (request or {}).get("tools")
+    found = {namespace_of(t) for t in tools} if isinstance(tools, list) else set()
+    return tuple(ns for ns in ORDER if ns in found)
+
+
+def container_of(request: dict[str, Any]) -> str:
+    """The container a request's code_interpreter tool names ("auto" when it names none)."""
+    for t in request.get("tools") or []:
+        if namespace_of(t) == "python":
+            c = t.get("container", "auto")
+            return c if isinstance(c, str) else "auto"
+    return "auto"
+
+
+def builtin_recipient(recipient: str, hosted: tuple[str, ...] | frozenset[str]) -> str | None:
+    """The built-in tool a recipient calls (``python``, ``browser.open``, ...), the slips
+    ``functions.python`` / ``functions.browser.x`` included, when the request has it; else None."""
+    r = recipient[len("functions."):] if recipient.startswith("functions.") else recipient
+    if r == "python" and "python" in hosted:
+        return "python"
+    if r.startswith("browser.") and "browser" in hosted:
+        return r
+    return None
+
+
+def includes(request: dict[str, Any], value: str) -> bool:
+    include = request.get("include")
+    return isinstance(include, list) and value in include
