@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,7 +280,7 @@ def test_the_sandbox_keeps_state_and_refuses_escapes(tmp_path: Path) -> None:
 
 def test_python_refuses_to_start_without_its_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(ValueError, match="--python: .*bubblewrap"):
+    with pytest.raises(ValueError, match=r"--python: .*bubblewrap"):
         create_app(Settings(upstream=("http://127.0.0.1:9",), python=True, store="none"))
 
 
@@ -616,9 +615,8 @@ def test_agents_sdk_code_interpreter_and_web_search(gw: str) -> None:
     ({"type": "web_search"}, "<|channel|>analysis to=python code<|message|>1<|call|>", False),
 ])
 def test_the_grammar_admits_built_in_calls(choice: Any, text: str, ok: bool) -> None:
-    from test_grammar import run as accepts
-
     from harmonykit.grammar import HarmonyMatcher
+    from test_grammar import run as accepts
 
     req = {"input": "hi", "tools": PY + WEB, "tool_choice": choice}
     assert accepts(HarmonyMatcher(ENC, req), text) is ok

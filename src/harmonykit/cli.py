@@ -8,7 +8,7 @@
     harmonykit serve --upstream URL            # an OpenAI-compatible gateway in front of an engine
     harmonykit data render IN -o OUT           # chat records -> input_ids, labels, assistant_mask
     harmonykit data parse IN -o OUT            # rollouts -> messages, repairs, stop, complete
-    harmonykit index docs/*.html -o docs.db     # a local search index for the browser tool (--browser index=PATH)
+    harmonykit index docs/*.html -o docs.db     # a local search index for --browser index=docs.db
 
 Input shapes are documented with examples in docs/cli.md.
 """

@@ -62,7 +62,8 @@ class Agent:
             if isinstance(request.get("input"), list) else []
         include = request.get("include")
         self.ctx = Context(owner, history=history,
-                           include=tuple(i for i in include if isinstance(i, str)) if isinstance(include, list) else ())
+                           include=tuple(i for i in include if isinstance(i, str))
+                           if isinstance(include, list) else ())
         self.ctx.container = self._container(history) if "python" in self.hosted else ""
         self._tail = [START, *encoding.encode(Role.ASSISTANT.value)]
 
@@ -73,7 +74,8 @@ class Agent:
             return named
         for item in reversed(history):
             cid = item.get("container_id")
-            if item.get("type") == "code_interpreter_call" and isinstance(cid, str) and cid.startswith("cntr_"):
+            if item.get("type") == "code_interpreter_call" and isinstance(cid, str) \
+                    and cid.startswith("cntr_"):
                 return cid
         python = self.toolbox.tools["python"]
         assert isinstance(python, PythonTool)
@@ -120,8 +122,8 @@ class Agent:
         written = Message(author=Author(role=Role.ASSISTANT), content=[TextContent(text=call["arguments"])],
                           channel=channel, recipient=call["recipient"], content_type=call.get("content_type"))
         tokens += render(written)
-        tokens += render(Message(author=Author(role=Role.TOOL, name=tool_name), content=[TextContent(text=result.text)],
-                                 channel=channel, recipient="assistant"))
+        tokens += render(Message(author=Author(role=Role.TOOL, name=tool_name), channel=channel,
+                                 content=[TextContent(text=result.text)], recipient="assistant"))
         tokens += self._tail
         self.prompt = tokens
         return tokens
@@ -170,7 +172,8 @@ def _note(note: dict[str, str]) -> Note:
     return Note(note["kind"], note["detail"], note.get("text", ""))
 
 
-async def drive(out: ResponsesStream, agent: Agent | None, step: Step, generate: Generate, emit: Emit) -> None:
+async def drive(out: ResponsesStream, agent: Agent | None, step: Step, generate: Generate,
+                emit: Emit) -> None:
     """The turn: each step streamed into ``out``; built-in calls the agent runs, run; the
     response closed (``emit``-ted with ``last``) when the turn ends."""
     while True:

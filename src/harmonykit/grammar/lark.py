@@ -74,7 +74,8 @@ def turn_of(request: dict[str, Any]) -> Turn:
         final = False
     elif isinstance(choice, dict) and namespace_of(choice) is not None:
         if namespace_of(choice) not in builtins:
-            raise RequestError("tool_choice", f"tool_choice names {shown(choice.get('type'))}, which is not in tools")
+            raise RequestError("tool_choice",
+                               f"tool_choice names {shown(choice.get('type'))}, which is not in tools")
         tools, builtins, final = [], (str(namespace_of(choice)),), False
     elif isinstance(choice, dict):
         fn = choice.get("function", choice)

@@ -58,11 +58,12 @@ def check_hosted_tool(spec: dict[str, Any], param: str) -> str:
         if isinstance(container, dict):
             kind = container.get("type", "auto")
             if kind != "auto":
-                raise RequestError(f"{param}.container.type", f"container type must be 'auto', got {shown(kind)}")
+                raise RequestError(f"{param}.container.type",
+                                   f"container type must be 'auto', got {shown(kind)}")
             files = container.get("file_ids") or []
             if files:
-                raise RequestError(f"{param}.container.file_ids", "files in a container are not supported: put "
-                                   "the data in the conversation, or have the code create it")
+                raise RequestError(f"{param}.container.file_ids", "files in a container are not supported: "
+                                   "put the data in the conversation, or have the code create it")
         elif not isinstance(container, str) or not container:
             raise RequestError(f"{param}.container", "container must be 'auto', a container id, or "
                                                      '{"type": "auto"}')

@@ -400,7 +400,8 @@ class _Builder:
             self.add(Role.ASSISTANT, code, channel="analysis", recipient="python", content_type="code")
             outputs = item.get("outputs")
             if isinstance(outputs, list) and outputs:
-                logs = "".join(o["logs"] for o in outputs if isinstance(o, dict) and isinstance(o.get("logs"), str))
+                logs = "".join(o["logs"] for o in outputs
+                               if isinstance(o, dict) and isinstance(o.get("logs"), str))
                 self.add(Role.TOOL, logs, name="python", channel="analysis", recipient="assistant")
             return
         action = item.get("action")

@@ -160,8 +160,8 @@ class _Items:
             if made is None and self.will_run is not None and self.will_run(call):
                 # A call the tool runs though the item cannot show what it asked (arguments that
                 # are not JSON, a browser function that does not exist): the model gets an error.
-                made = {"id": new_id("ws"), "type": "web_search_call", "action": {"type": "search", "query": None},
-                        "status": "completed", "harmony": _written(call)}
+                made = {"id": new_id("ws"), "type": "web_search_call", "status": "completed",
+                        "action": {"type": "search", "query": None}, "harmony": _written(call)}
             if made is None:
                 return out
             item, status, index = made, made["status"], len(self.items)

@@ -65,8 +65,8 @@ NOTE_KINDS: dict[str, str] = {
     "undeclared_tool": "a call to functions.NAME for a NAME the request did not declare",
     "recipient_ignored": "a recipient that is no tool; the message was shown by its channel",
     "unknown_recipient": "a message to a recipient that is no tool, with no channel to show it by",
-    "container_rebuilt": "a python container held elsewhere was rebuilt here by running its earlier cells again",
-    "browser_rebuilt": "a chain's browser pages held elsewhere were rebuilt by running its earlier calls again",
+    "container_rebuilt": "a python container held elsewhere was rebuilt by running its earlier cells again",
+    "browser_rebuilt": "a chain's browser pages held elsewhere were rebuilt by running its calls again",
 }
 
 

@@ -123,8 +123,8 @@ class Settings:
             return None
         from ..tools.python import Sandbox
 
-        return Sandbox(timeout=self.python_timeout, memory=self.python_memory_mb << 20, procs=self.python_procs,
-                       isolation=self.python_sandbox)
+        return Sandbox(timeout=self.python_timeout, memory=self.python_memory_mb << 20,
+                       procs=self.python_procs, isolation=self.python_sandbox)
 
     @property
     def store_url(self) -> str:

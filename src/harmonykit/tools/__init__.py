@@ -79,10 +79,10 @@ class Tool:
 
 def python_description(timeout: float) -> str:
     """harmony's python text, with what is true here: stateful, this timeout, no internet."""
-    text = str(PYTHON["description"])
-    return text.replace("time out after 120.0 seconds", f"time out after {float(timeout):.1f} seconds").replace(
-        "Internet access for this session is UNKNOWN. Depends on the cluster.",
-        "Internet access for this session is disabled.")
+    text = str(PYTHON["description"]).replace("time out after 120.0 seconds",
+                                              f"time out after {float(timeout):.1f} seconds")
+    return text.replace("Internet access for this session is UNKNOWN. Depends on the cluster.",
+                        "Internet access for this session is disabled.")
 
 
 class PythonTool(Tool):
@@ -95,7 +95,8 @@ class PythonTool(Tool):
         self.containers = Containers(sandbox)
 
     def declaration(self) -> ToolNamespaceConfig:
-        return ToolNamespaceConfig(name="python", description=python_description(self.sandbox.timeout), tools=[])
+        return ToolNamespaceConfig(name="python", description=python_description(self.sandbox.timeout),
+                                   tools=[])
 
     async def run(self, call: Call, ctx: Context) -> ToolResult:
         cells = [item["code"] for item in ctx.history
@@ -103,9 +104,9 @@ class PythonTool(Tool):
                  and isinstance(item.get("code"), str) and _ran(item)]
         container, rebuilt = await self.containers.get(ctx.owner, ctx.container, cells)
         if rebuilt:
-            ctx.notes.append({"kind": "container_rebuilt", "detail": f"container {ctx.container} was not held "
-                              f"by this gateway; rebuilt by running its {len(cells)} earlier cells again",
-                              "text": ""})
+            ctx.notes.append({"kind": "container_rebuilt", "text": "",
+                              "detail": f"container {ctx.container} was not held by this gateway; rebuilt by "
+                                        f"running its {len(cells)} earlier cells again"})
         result = await self.containers.run(container, call.body)
         outputs = [{"type": "logs", "logs": result.output}] \
             if "code_interpreter_call.outputs" in ctx.include else None
@@ -197,7 +198,8 @@ class BrowserTool(Tool):
         if action["type"] == "find_in_page":
             action.setdefault("url", "")
             action.setdefault("pattern", "")
-        return ToolResult(outcome.text, {"action": action, "harmony": {"result": outcome.text, "tool": call.tool}},
+        return ToolResult(outcome.text, {"action": action,
+                                         "harmony": {"result": outcome.text, "tool": call.tool}},
                           failed=outcome.error)
 
     async def close(self) -> None:

@@ -1,11 +1,12 @@
 """The interpreter that runs inside the python tool's sandbox (stdlib only, run as ``-c``).
 
-It reads one JSON command a line on the file descriptor its argument names and runs each cell in one namespace kept across
-cells, as a notebook does: what the cell prints, then the value of a last expression. It
-holds itself to the limits the gateway passes (memory, processes, file size, time), cuts a
-cell's printed output at ``cap`` characters (counting the rest), and ends each cell with a
-terminator line carrying the gateway's per-cell marker. Processes a cell starts do not
-outlive it. Everything here is the sandbox's; nothing in it is trusted by the gateway.
+It reads one JSON command a line on the file descriptor its argument names and runs each
+cell in one namespace kept across cells, as a notebook does: what the cell prints, then the
+value of a last expression. It holds itself to the limits the gateway passes (memory,
+processes, file size, time), cuts a cell's printed output at ``cap`` characters (counting
+the rest), and ends each cell with a terminator line carrying the gateway's per-cell
+marker. Processes a cell starts do not outlive it. Everything here is the sandbox's;
+nothing in it is trusted by the gateway.
 """
 
 from __future__ import annotations

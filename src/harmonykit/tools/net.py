@@ -156,7 +156,8 @@ class Fetcher:
             raise FetchError(f"invalid URL: {e}") from None
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https"):
-            raise FetchError(f"only http and https URLs can be opened, not {scheme or 'a URL without a scheme'}:")
+            raise FetchError("only http and https URLs can be opened, not "
+                             f"{scheme or 'one without a scheme'}")
         host = parts.hostname
         if not host:
             raise FetchError("the URL has no host")

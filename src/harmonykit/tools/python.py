@@ -111,8 +111,7 @@ def check(sandbox: Sandbox) -> None:
     read, write = os.pipe()
     uid = _UID_BASE if os.geteuid() == 0 and sandbox.isolation != "none" else None
     try:
-        config = {"memory": sandbox.memory, "procs": sandbox.procs + (0 if uid else _user_tasks(os.geteuid())),
-                  "file_size": sandbox.file_size, "cap": sandbox.output}
+        config = _config(sandbox, uid)
         cell = {"code": "print(6 * 7)", "marker": "probe", "timeout": 10}
         os.write(write, (json.dumps(config) + "\n" + json.dumps(cell) + "\n").encode())
         os.close(write)
@@ -129,9 +128,16 @@ def check(sandbox: Sandbox) -> None:
     out = got.stdout.decode("utf-8", "replace")
     if not out.startswith("42\n"):
         why = (got.stderr.decode("utf-8", "replace") or out).strip()[-800:]
-        raise SandboxError(f"the python sandbox did not run code (exit {got.returncode}): {why}; "
-                           "bubblewrap needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
-                           ", and no AppArmor rule denying them to bwrap)")
+        raise SandboxError(f"the python sandbox did not run code (exit {got.returncode}): {why}; bubblewrap "
+                           "needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                           "and no AppArmor rule denying them to bwrap)")
+
+
+def _config(sandbox: Sandbox, uid: int | None) -> dict[str, int]:
+    """The limits the kernel holds itself to. RLIMIT_NPROC counts every process of a user id:
+    a container of its own id counts its own; one sharing the gateway's counts the gateway's too."""
+    procs = sandbox.procs + (0 if uid is not None else _user_tasks(os.geteuid()))
+    return {"memory": sandbox.memory, "procs": procs, "file_size": sandbox.file_size, "cap": sandbox.output}
 
 
 @dataclass
@@ -172,7 +178,6 @@ class Kernel:
         read, write = os.pipe()
         os.set_inheritable(read, True)
         uid = self.uid
-        procs = self.sandbox.procs + (0 if uid is not None else _user_tasks(os.geteuid()))
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.sandbox.command(uid, read), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -182,9 +187,7 @@ class Kernel:
         finally:
             os.close(read)
         self._commands = write
-        config = {"memory": self.sandbox.memory, "procs": procs, "file_size": self.sandbox.file_size,
-                  "cap": self.sandbox.output}
-        os.write(write, json.dumps(config).encode() + b"\n")
+        os.write(write, json.dumps(_config(self.sandbox, uid)).encode() + b"\n")
 
     async def run(self, code: str, timeout: float | None = None) -> CellResult:
         """Run one cell; its output as the model reads it."""
@@ -203,9 +206,9 @@ class Kernel:
                 head, tail = await asyncio.wait_for(self._read_cell(marker), limit + 5.0)
             except asyncio.TimeoutError:
                 await self.close()
-                return CellResult(self._mark(self._partial, 0) + f"\n[the cell ran past its {limit:g} s limit "
-                                  "and the interpreter had to be killed: all state (variables, imports, "
-                                  "files in /mnt/data) is lost; the next cell starts a fresh interpreter]",
+                return CellResult(self._partial + f"\n[the cell ran past its {limit:g} s limit and the "
+                                  "interpreter had to be killed: all state (variables, imports, files in "
+                                  "/mnt/data) is lost; the next cell starts a fresh interpreter]",
                                   timed_out=True, killed=True)
             except _Died as died:
                 return await self._died(died.output)

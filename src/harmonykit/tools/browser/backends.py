@@ -110,7 +110,8 @@ class YouCom(Backend):
 
     def check(self) -> None:
         if not os.environ.get("YDC_API_KEY"):
-            raise BackendError("--browser youcom needs a You.com API key in the YDC_API_KEY environment variable")
+            raise BackendError("--browser youcom needs a You.com API key in the YDC_API_KEY environment "
+                               "variable")
 
     async def search(self, query: str, topn: int, api: Fetcher) -> list[Row]:
         self.check()

@@ -24,6 +24,7 @@ _ARGS: dict[str, dict[str, tuple[type, ...]]] = {
     "find": {"pattern": (str,), "cursor": (int, float)},
 }
 _REQUIRED = {"search": ("query",), "open": (), "find": ("pattern",)}
+_ACTIONS = {"search": "search", "find": "find_in_page"}  # the API's name of each (open: open_page)
 MAX_RESULTS = 20
 VIEW_TOKENS = 1024
 _FIND_RESULTS = 50
@@ -63,7 +64,7 @@ class BrowserSession:
 
     async def call(self, function: str, body: str) -> Outcome:
         """Run ``browser.<function>`` with the model's JSON ``body``."""
-        action: dict[str, Any] = {"type": {"search": "search", "find": "find_in_page"}.get(function, "open_page")}
+        action: dict[str, Any] = {"type": _ACTIONS.get(function, "open_page")}
         try:
             args = json.loads(body) if body.strip() else {}
         except ValueError:
@@ -74,7 +75,8 @@ class BrowserSession:
             return Outcome(json.dumps({"error": f"Unknown function: {function}"}), action, error=True)
         problem = _check(function, args)
         if problem:
-            return Outcome(json.dumps({"error": f"Invalid function arguments: {problem}"}), action, error=True)
+            return Outcome(json.dumps({"error": f"Invalid function arguments: {problem}"}), action,
+                           error=True)
         try:
             if function == "search":
                 action["query"] = args["query"]
@@ -184,7 +186,8 @@ class BrowserSession:
         total = len(lines)
         if loc >= total:
             self.stack.pop()
-            raise UsageError(f"Invalid location parameter: `{loc}`. Cannot exceed page maximum of {total - 1}.")
+            raise UsageError(f"Invalid location parameter: `{loc}`. "
+                             f"Cannot exceed page maximum of {total - 1}.")
         end = self._end(loc, num_lines, lines)
         body = "\n".join(f"L{i + loc}: {line}" for i, line in enumerate(lines[loc:end]))
         shown = _truncate(unquote(page.url))
