@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/data.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/store.py
+	$(BIN)/python benchmarks/tools.py
 
 # Hypothesis's random search, long (not in CI, where it runs derandomized): each property test
 # tries FUZZ times its examples (tests/budget.py). Failures are kept in .hypothesis/ and replayed.

@@ -431,3 +431,27 @@ def test_the_vllm_logits_processor_holds_vllm_to_the_grammar(vllm_with_processor
         "model": SERVED, "prompt": prompt, "max_tokens": 48, "seed": seed, "return_token_ids": True,
         "skip_special_tokens": False, "logit_bias": NOISE}, timeout=120).json()["choices"][0]["token_ids"]
     assert not all(HarmonyMatcher(ENC, req).consume(t) for t in free)
+
+
+@pytest.fixture(scope="module")
+def gw_tools(vllm: str) -> Iterator[str]:
+    yield from _gateway(vllm, guided="vllm", python=True, python_timeout=10, store="none")
+
+
+def test_the_agent_loop_runs_on_vllm(gw_tools: str) -> None:
+    """The real vLLM, held by the grammar to a python call (tool_choice code_interpreter): the
+    gateway runs the random model's code in the sandbox, feeds the result back, and the turn
+    ends (max_tool_calls 1 stops a second call; the output budget bounds the rest)."""
+    c = client(gw_tools)
+    with c.responses.stream(model=CLIENT_MODEL, input="Compute.", max_output_tokens=300, max_tool_calls=1,
+                            tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+                            tool_choice={"type": "code_interpreter"}, include=["code_interpreter_call.outputs"],
+                            extra_body={"seed": 0, "logit_bias": TERSE}) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.code_interpreter_call.interpreting" in kinds
+    assert "response.code_interpreter_call.completed" in kinds
+    assert final.status in ("completed", "incomplete")
+    call = next(i for i in final.output if i.type == "code_interpreter_call")
+    assert call.status == "completed" and call.outputs and call.outputs[0].logs  # the sandbox ran it
+    assert (final.model_extra or {})["harmony"].get("steps", 1) >= 2  # the engine generated again after it

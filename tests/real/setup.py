@@ -10,7 +10,7 @@ under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
 - ``llama.cpp/``: ``convert_hf_to_gguf.py`` and ``gguf-py`` from the llama-cpp-python
   source archive (the llama.cpp it bundles);
 - Debian's ``postgresql`` server, when it is not on the machine (the store tests start
-  their own in a temporary folder);
+  their own in a temporary folder), and ``bubblewrap`` (the python tool's sandbox);
 - ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF;
 - this checkout of harmonykit, installed editable in vLLM's venv (its plugin entry point and
   logits processor are then what vLLM loads), again whenever the checkout or its
@@ -97,22 +97,30 @@ def install_checkout(venv: Path) -> None:
     print(f"engines: this checkout ({CHECKOUT}) installed in {venv}", flush=True)
 
 
-def postgresql() -> None:
-    """Debian's PostgreSQL server for the store tests: installed when missing (root with apt-get)."""
-    import glob
-
-    if shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"):
+def debian(what: str, package: str, present: bool) -> None:
+    """A Debian package the tests need, installed when missing (root with apt-get)."""
+    if present:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise SystemExit("the store tests need PostgreSQL's server: install Debian's postgresql package")
+        raise SystemExit(f"the tests need {what}: install Debian's {package} package")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", package], check=True, env=env)
+
+
+def system_packages() -> None:
+    """PostgreSQL's server (the store tests start their own) and bubblewrap (the python tool's
+    sandbox; its tests fail, never skip, without it)."""
+    import glob
+
+    debian("PostgreSQL's server", "postgresql",
+           bool(shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb")))
+    debian("bubblewrap", "bubblewrap", bool(shutil.which("bwrap")))
 
 
 def main() -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
-    postgresql()
+    system_packages()
     install_checkout(_venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"]))
     _venv("llamacpp", XLLAMACPP)
     tree = _llama_cpp_tree()

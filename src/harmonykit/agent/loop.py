@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from ..encoding import HarmonyEncoding
 from ..model import Author, Message, Role, TextContent
+from ..openai.errors import RequestError
 from ..openai.hosted import container_of, hosted_tools
 from ..openai.responses import CITATION, ResponsesStream
 from ..openai.turn import Note
@@ -24,6 +26,7 @@ from ..tokens import START
 from ..tools import BrowserTool, Call, Context, PythonTool, Toolbox, ToolResult
 
 log = logging.getLogger("harmonykit.agent")
+_CONTAINER_ID = re.compile(r"cntr_[A-Za-z0-9_-]{1,64}")
 
 Emit = Callable[[list[dict[str, Any]], bool], Awaitable[None]]  # events out; True: the last of them
 
@@ -70,15 +73,23 @@ class Agent:
     def _container(self, history: list[dict[str, Any]]) -> str:
         """The container python runs in: the one the request names, else the chain's latest."""
         named = container_of(self.request)
+        python = self.toolbox.tools["python"]
+        assert isinstance(python, PythonTool)
         if named != "auto":
+            if not _CONTAINER_ID.fullmatch(named):
+                raise RequestError("tools.container", f"{named!r} is not a container id (cntr_ and letters, "
+                                                      "digits, _ or -)")
+            known = any(i.get("type") == "code_interpreter_call" and i.get("container_id") == named
+                        for i in history)
+            if not known and not python.containers.holds(self.ctx.owner, named):
+                raise RequestError("tools.container", f"no container {named} here or in this conversation: "
+                                                      'send "auto" for a new one')
             return named
         for item in reversed(history):
             cid = item.get("container_id")
             if item.get("type") == "code_interpreter_call" and isinstance(cid, str) \
                     and cid.startswith("cntr_"):
                 return cid
-        python = self.toolbox.tools["python"]
-        assert isinstance(python, PythonTool)
         return python.containers.new_id()
 
     def attach(self, out: ResponsesStream) -> None:

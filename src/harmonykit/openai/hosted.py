@@ -34,8 +34,6 @@ _FIELDS = {
     "browser": {"type", "search_context_size", "user_location", "filters", "external_web_access",
                 "search_content_types", "image_settings"},
 }
-#: ``include`` values about hosted tools' items.
-INCLUDES = ("code_interpreter_call.outputs", "web_search_call.action.sources", "web_search_call.results")
 
 
 def namespace_of(spec: Any) -> str | None:
@@ -95,8 +93,3 @@ def builtin_recipient(recipient: str, hosted: tuple[str, ...] | frozenset[str]) 
     if r.startswith("browser.") and "browser" in hosted:
         return r
     return None
-
-
-def includes(request: dict[str, Any], value: str) -> bool:
-    include = request.get("include")
-    return isinstance(include, list) and value in include

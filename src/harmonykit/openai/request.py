@@ -391,6 +391,9 @@ class _Builder:
                      recipient=written["recipient"], content_type=_str_or_none(written.get("content_type")))
             result, tool = written.get("result"), written.get("tool")
             if isinstance(result, str) and isinstance(tool, str) and tool:
+                if tool != "python" and not (tool.startswith("browser.") and tool[8:].isidentifier()):
+                    raise RequestError(f"{param}.harmony.tool", f"a built-in tool is python or browser.NAME, "
+                                                                f"not {shown(tool)}")
                 self.add(Role.TOOL, result, name=tool, channel=channel, recipient="assistant")
             return
         if item["type"] == "code_interpreter_call":

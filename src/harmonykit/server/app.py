@@ -535,9 +535,12 @@ class Gateway(StatefulRoutes):
         engine stream closed when the next opens (or the turn ends)."""
         streams = [batches]
         model = request.get("model")
+        # A forced tool_choice holds the first step; after a tool's result the model is free again
+        # (else a forced call would loop until the limits).
+        grammar = harmony_grammar({**request, "tool_choice": "auto"}) if job.grammar is not None else None
 
         async def generate(prompt: list[int], limit: int | None) -> _EngineStep:
-            next_job = replace(job, prompt=prompt, max_tokens=limit if limit is not None else None)
+            next_job = replace(job, prompt=prompt, max_tokens=limit, grammar=grammar)
             with contextlib.suppress(Exception):
                 await streams[-1].aclose()
             try:

@@ -27,6 +27,7 @@ __all__ = ["TOOLS", "BackendError", "BrowserTool", "Call", "Context", "PythonToo
            "Tool", "ToolResult", "Toolbox"]
 
 SESSION_IDLE = 20 * 60.0  # seconds a chain's browser pages are kept here after their last use
+SESSIONS = 4096  # chains whose pages are kept at most (the oldest go first: they can be rebuilt)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,10 @@ class BrowserTool(Tool):
         return session
 
     def keep(self, owner: str, key: str, session: BrowserSession) -> None:
+        self.sessions.pop((owner, key), None)
         self.sessions[(owner, key)] = (session, time.monotonic())
+        while len(self.sessions) > SESSIONS:
+            del self.sessions[next(iter(self.sessions))]
 
     async def run(self, call: Call, ctx: Context) -> ToolResult:
         session = ctx.browser

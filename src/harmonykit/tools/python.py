@@ -135,9 +135,12 @@ def check(sandbox: Sandbox) -> None:
 
 def _config(sandbox: Sandbox, uid: int | None) -> dict[str, int]:
     """The limits the kernel holds itself to. RLIMIT_NPROC counts every process of a user id:
-    a container of its own id counts its own; one sharing the gateway's counts the gateway's too."""
+    a container of its own id counts its own; one sharing the gateway's counts the gateway's too.
+    ``reap``: end each cell by killing the processes it left, only ever inside bubblewrap's pid
+    namespace (unsandboxed, that would reach the whole machine)."""
     procs = sandbox.procs + (0 if uid is not None else _user_tasks(os.geteuid()))
-    return {"memory": sandbox.memory, "procs": procs, "file_size": sandbox.file_size, "cap": sandbox.output}
+    return {"memory": sandbox.memory, "procs": procs, "file_size": sandbox.file_size, "cap": sandbox.output,
+            "reap": int(sandbox.isolation == "bwrap")}
 
 
 @dataclass
@@ -190,7 +193,11 @@ class Kernel:
         os.write(write, json.dumps(_config(self.sandbox, uid)).encode() + b"\n")
 
     async def run(self, code: str, timeout: float | None = None) -> CellResult:
-        """Run one cell; its output as the model reads it."""
+        """Run one cell; its output as the model reads it. A caller that goes away (its client
+        left) does not stop the cell halfway: the interpreter stays in step for the next."""
+        return await asyncio.shield(asyncio.ensure_future(self._run(code, timeout)))
+
+    async def _run(self, code: str, timeout: float | None) -> CellResult:
         async with self.lock:
             if self.proc is None or self.proc.returncode is not None:
                 await self.start()
@@ -300,14 +307,18 @@ class Container:
 class Containers:
     """The containers this gateway holds, by (owner, id): one user never reaches another's."""
 
-    def __init__(self, sandbox: Sandbox, idle: float = IDLE_SECONDS) -> None:
+    def __init__(self, sandbox: Sandbox, idle: float = IDLE_SECONDS, most: int = 64) -> None:
         self.sandbox = sandbox
         self.idle = idle
+        self.most = most  # interpreters held at once; past it the least recently used idle one goes
         self.held: dict[tuple[str, str], Container] = {}
         self._slots = 0
 
     def new_id(self) -> str:
         return "cntr_" + secrets.token_hex(16)
+
+    def holds(self, owner: str, cid: str) -> bool:
+        return (owner, cid) in self.held
 
     async def get(self, owner: str, cid: str, history: list[str]) -> tuple[Container, bool]:
         """The container, made (and rebuilt from ``history``, its earlier cells) when this gateway
@@ -317,6 +328,10 @@ class Containers:
         if found is not None:
             found.used = time.monotonic()
             return found, False
+        idle = sorted((c for c in self.held.values() if not c.kernel.lock.locked()), key=lambda c: c.used)
+        for c in idle[: max(0, len(self.held) + 1 - self.most)]:  # it can be rebuilt from its chain
+            del self.held[(c.owner, c.id)]
+            await c.kernel.close()
         self._slots += 1
         container = Container(cid, owner, Kernel(self.sandbox, uid_slot=self._slots % 50_000))
         self.held[(owner, cid)] = container
