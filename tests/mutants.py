@@ -36,6 +36,7 @@ class Mutant:
 
 
 PARSE = ("test_parse_stream.py", "test_parse_tolerant.py", "test_parse_differential.py", "test_parse_reference.py")
+TOOLS = ("test_tools.py",)
 MAPPING = ("test_openai_request.py", "test_openai_output.py", "test_render_cache.py", "test_data.py")
 
 MUTANTS = [
@@ -147,8 +148,8 @@ MUTANTS = [
            "while self.used > self.budget and items:", "while False:", ("test_render_cache.py",)),
     # -- the gateway -----------------------------------------------------------------------------------
     Mutant("gateway-renders-large-requests-on-the-loop", "server/app.py",
-           "tokens = await asyncio.to_thread(render_tokens, _RENDER[kind], self.encoding, request,",
-           "tokens = render_tokens(_RENDER[kind], self.encoding, request,", ("test_server.py",)),
+           "tokens = await asyncio.to_thread(render_tokens, self._render[kind], self.encoding, request,",
+           "tokens = render_tokens(self._render[kind], self.encoding, request,", ("test_server.py",)),
     Mutant("gateway-loses-a-request-on-a-dropped-connection", "server/upstream.py",
            "except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):", "except ():",
            ("test_upstream.py",)),
@@ -179,6 +180,40 @@ MUTANTS += [
     Mutant("state-remote-cancel-ignored", "server/state.py",
            "for rid in await self.store.cancelled(self.instance, list(self.tasks)):", "for rid in []:", STATE),
     Mutant("gateway-every-key-one-owner", "server/app.py", "return owner_of(key)", 'return owner_of("")', STATE),
+    # -- the built-in tools and the agent loop ----------------------------------------------------------
+    Mutant("tools-ssrf-ignores-embedded-ipv4", "tools/net.py", "inner = _embedded_v4(ip)", "inner = None", TOOLS),
+    Mutant("tools-ssrf-allows-everything", "tools/net.py",
+           "if any(candidate.version == net.version and candidate in net for net in allow):", "if True:", TOOLS),
+    Mutant("tools-ssrf-trusts-dns", "tools/net.py", "why = refused(addr, self.allow)", "why = None", TOOLS),
+    Mutant("tools-ssrf-redirect-unchecked", "tools/net.py", "self.check_url(url)", "pass", TOOLS),
+    Mutant("tools-kernel-output-uncapped", "tools/kernel.py", "room = self.cap - self.sent", "room = 10 ** 12",
+           TOOLS),
+    Mutant("tools-kernel-no-cell-timeout", "tools/kernel.py",
+           'signal.setitimer(signal.ITIMER_REAL, cmd["timeout"])', "pass", TOOLS),
+    Mutant("tools-containers-shared-by-keys", "tools/python.py", "return (owner, cid) in self.held",
+           "return any(i == cid for _, i in self.held)", TOOLS),
+    Mutant("tools-page-links-all-same-domain", "tools/browser/page.py",
+           '_replace(a, f"【{link_id}†{text}】" if domain == here else f"【{link_id}†{text}†{domain}】")',
+           '_replace(a, f"【{link_id}†{text}】")', TOOLS),
+    Mutant("tools-browser-cursor-off-by-one", "tools/browser/session.py",
+           "if not 0 <= cursor < len(self.stack):", "if not 0 <= cursor <= len(self.stack):", TOOLS),
+    Mutant("tools-search-unescaped", "tools/browser/page.py",
+           'f"{_html.escape(summary)}</li>" for title, url, summary in results)',
+           'f"{summary}</li>" for title, url, summary in results)', TOOLS),
+    Mutant("agent-max-tool-calls-ignored", "agent/loop.py",
+           "return ns in self.hosted and (self.max_calls is None or self.calls < self.max_calls)",
+           "return ns in self.hosted", TOOLS),
+    Mutant("agent-renders-what-the-model-wrote-as-a-user", "agent/loop.py",
+           "if m.author.role is Role.ASSISTANT:", "if True:", TOOLS),
+    Mutant("agent-result-on-no-channel", "agent/loop.py",
+           "tokens += render(Message(author=Author(role=Role.TOOL, name=tool_name), channel=channel,",
+           "tokens += render(Message(author=Author(role=Role.TOOL, name=tool_name), channel=None,", TOOLS),
+    Mutant("agent-budget-per-step", "agent/loop.py",
+           "return None if self.limit is None else self.limit - out.output_tokens",
+           "return self.limit", TOOLS),
+    Mutant("mapping-chain-drops-tool-results", "openai/request.py",
+           "self.add(Role.TOOL, result, name=tool, channel=channel, recipient=\"assistant\")", "pass",
+           ("test_tools.py",)),
 ]
 
 

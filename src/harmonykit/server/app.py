@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import orjson
@@ -95,9 +94,12 @@ class Gateway(StatefulRoutes):
         except (SandboxError, BackendError, IndexFileError) as e:
             option = "--python" if isinstance(e, SandboxError) else "--browser"
             raise ValueError(f"{option}: {e}") from None
+        hosted = self.toolbox.declarations()
+        # Looked up in _RENDER at each call (a test observes renders there); Responses with this
+        # deployment's declarations of the built-in tools.
         self._render: dict[str, Callable[[HarmonyEncoding, dict[str, Any]], Any]] = {
-                        "chat": render_chat_request,
-                        "responses": partial(render_responses_request, hosted=self.toolbox.declarations())}
+            "chat": lambda enc, req: _RENDER["chat"](enc, req),
+            "responses": lambda enc, req: _RENDER["responses"](enc, req, hosted=hosted)}
         store = open_store(settings.store_url, ttl=settings.store_ttl, timeout=settings.store_timeout)
         self.state = State(store, lease=settings.store_lease) if store is not None else None
         self._routes: dict[tuple[str, str], Route] = {
@@ -558,7 +560,7 @@ class Gateway(StatefulRoutes):
         try:
             first = _EngineStep(batches, OutputEnd(self.encoding, job.sampling.get("stop") or ()))
             await drive(out, agent, first, generate, emit)
-        except (UpstreamError, UpstreamRejected) as e:
+        except (UpstreamError, UpstreamRejected, RequestError) as e:  # a later step's engine call failed
             info["error"] = e.message
             await emit(out.fail(e.message), True)
         finally:
@@ -891,6 +893,9 @@ def _parse(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> Any:
         return loads(data)
     except orjson.JSONDecodeError as e:
         raise HTTPError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+
+_RENDER: dict[str, Callable[..., Any]] = {"chat": render_chat_request, "responses": render_responses_request}
 
 
 def _check_tool_choice(request: dict[str, Any]) -> None:

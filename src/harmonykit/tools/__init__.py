@@ -227,6 +227,12 @@ class Toolbox:
             check(sandbox)
             self.tools["python"] = PythonTool(sandbox)
         if browser is not None:
+            try:
+                import html2text  # noqa: F401
+                import lxml.html  # noqa: F401
+            except ImportError as e:
+                raise BackendError(f"the browser needs the tools extra: pip install 'harmonykit[tools]' "
+                                   f"({e.name} is missing)") from None
             self.tools["browser"] = BrowserTool(backend_from(browser), encoding, parse_allow(fetch_allow))
 
     @property
