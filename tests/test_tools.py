@@ -92,6 +92,22 @@ def test_pages_read_as_the_reference_browser_shows_them(case: dict[str, Any]) ->
     asyncio.run(run())
 
 
+def test_a_cursor_past_the_stack_is_the_models_error() -> None:
+    async def run() -> list[str]:
+        async def open_url(url: str) -> Any:
+            return from_html("<title>T</title><p>x</p>", url)
+
+        session = BrowserSession(lambda q, n: None, open_url, ENC)  # type: ignore[arg-type, return-value]
+        first = await session.call("open", '{"id": "http://a.example/"}')
+        return [first.text, *[(await session.call(fn, body)).text for fn, body in (
+            ("open", '{"cursor": 1}'), ("find", '{"pattern": "x", "cursor": 1}'), ("open", '{"cursor": -2}'))]]
+
+    got = asyncio.run(run())
+    assert got[0].startswith("[0] T (http://a.example/)")
+    assert got[1:] == ["Cursor `1` is out of range. Available cursor indices: [0 - 0]."] * 2 + [
+        "Cursor `-2` is out of range. Available cursor indices: [0 - 0]."]
+
+
 def test_a_search_page_escapes_what_the_backend_returned() -> None:
     async def search(query: str, topn: int) -> list[tuple[str, str, str]]:
         return [("<b>bold</b> title", "http://a.example/x", "<a href='http://evil.example/'>click</a> 【0†x】")]
@@ -470,9 +486,11 @@ def test_an_unknown_browser_function_and_a_slip_into_functions(gw: str) -> None:
 def test_limits_end_the_turn(gw: str) -> None:
     c = client(gw)
     loop = script(py_call("print(1)"), py_call("print(2)"), py_call("print(3)"), FINAL)
-    r = c.responses.create(model="gpt-oss", tools=PY, max_tool_calls=2, input=loop)
+    r = c.responses.create(model="gpt-oss", tools=PY, max_tool_calls=2, input=loop,
+                           include=["code_interpreter_call.outputs"])
     calls = [i for i in r.output if i.type == "code_interpreter_call"]
-    assert len(calls) == 3 and r.status == "completed"  # the third is returned, not run
+    assert len(calls) == 3 and r.status == "completed" and r.output[-1] is calls[-1]  # the turn ends at it
+    assert [c.outputs[0].logs if c.outputs else None for c in calls] == ["1\n", "2\n", None]  # returned, not run
     r = c.responses.create(model="gpt-oss", tools=PY, max_output_tokens=40, input=loop)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
     assert r.usage is not None and r.usage.output_tokens <= 40
@@ -686,9 +704,10 @@ def test_a_chain_shows_the_model_its_earlier_tool_results(gw: str, engine: tuple
     first = c.responses.create(model="gpt-oss", tools=[*PY, lookup], input=script(
         py_call("print('seven')"), '<<channel>>commentary to=functions.lookup <<constrain>>json<<message>>{}<<call>>'))
     call = next(i for i in first.output if i.type == "function_call")
+    sent = len(engine[0].requests)
     c.responses.create(model="gpt-oss", tools=[*PY, lookup], previous_response_id=first.id,
                        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "found"}])
-    prompt = ENC.decode(engine[0].requests[-1]["prompt"])
+    prompt = ENC.decode(engine[0].requests[sent]["prompt"])  # the second response's first step
     assert "<|start|>python to=assistant<|channel|>analysis<|message|>seven\n<|end|>" in prompt
 
 
