@@ -37,8 +37,11 @@ from harmonykit.tools.net import Fetcher, FetchError, parse_allow, refused
 from harmonykit.tools.python import Kernel, Sandbox
 
 ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
-GOLDEN = Path(os.environ.get("HARMONYKIT_SHARED", Path(__file__).resolve().parents[2] / "shared")) \
+# The reference browser's goldens: shared/ beside the checkout when it is there, else the copy
+# under tests/data (Apache-2.0, its LICENSE with it).
+_SHARED = Path(os.environ.get("HARMONYKIT_SHARED", Path(__file__).resolve().parents[2] / "shared")) \
     / "reference" / "gpt-oss-browser"
+GOLDEN = _SHARED if (_SHARED / "cases.json").is_file() else Path(__file__).resolve().parent / "data" / "gpt-oss-browser"
 EVENT = TypeAdapter(ResponseStreamEvent)
 PY = [{"type": "code_interpreter", "container": {"type": "auto"}}]
 WEB = [{"type": "web_search"}]

@@ -53,7 +53,9 @@ class Sandbox:
     memory: int = 1 << 30  # bytes of address space
     procs: int = 64  # processes (threads count) a container may have
     file_size: int = 100 << 20  # bytes of any one file it writes
-    data_size: int = 256 << 20  # bytes of /mnt/data (and of /tmp)
+    # tmpfs is the machine's memory, not the interpreter's: bounded per container, and containers too
+    data_size: int = 128 << 20  # bytes of /mnt/data
+    tmp_size: int = 64 << 20  # bytes of /tmp
     output: int = 20_000  # characters of a cell's output the model reads
     interpreter: str = ""  # "" : Debian's /usr/bin/python3, else the gateway's base interpreter
     # "bwrap" (bubblewrap), or "none": no isolation at all, only when asked for by that name
@@ -87,7 +89,7 @@ class Sandbox:
         if prefix and not prefix.startswith("/usr/"):
             args += ["--ro-bind", prefix, prefix]
         args += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(self.data_size), "--tmpfs", "/tmp",
+                 "--size", str(self.tmp_size), "--tmpfs", "/tmp",
                  "--size", str(self.data_size), "--tmpfs", "/mnt/data",
                  "--chdir", "/mnt/data", "--clearenv",
                  "--setenv", "HOME", "/mnt/data", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
@@ -307,7 +309,7 @@ class Container:
 class Containers:
     """The containers this gateway holds, by (owner, id): one user never reaches another's."""
 
-    def __init__(self, sandbox: Sandbox, idle: float = IDLE_SECONDS, most: int = 64) -> None:
+    def __init__(self, sandbox: Sandbox, idle: float = IDLE_SECONDS, most: int = 32) -> None:
         self.sandbox = sandbox
         self.idle = idle
         self.most = most  # interpreters held at once; past it the least recently used idle one goes
