@@ -44,9 +44,9 @@ WILD = {c["id"]: c for c in (json.loads(line) for line in CASES.read_text(encodi
 STOPS = {200002, 200012}
 _USER = re.compile(r"<\|start\|>user<\|message\|>(.*?)<\|end\|>", re.S)
 # A tool's result as the last message before the assistant's turn.
-# A built-in tool's result message (python, browser.*).
-_BUILTIN_RESULT = re.compile(r"<\|start\|>(?:python|browser\.\w+) to=assistant(?:<\|channel\|>\w+)?<\|message\|>"
-                             r"((?:(?!<\|end\|>).)*)<\|end\|>", re.S)
+# A tool's result message (python, browser.*, an MCP server's LABEL.TOOL, functions.*).
+_BUILTIN_RESULT = re.compile(r"<\|start\|>(?!user|system|developer|assistant)[^<\s]+ to=assistant"
+                             r"(?:<\|channel\|>\w+)?<\|message\|>((?:(?!<\|end\|>).)*)<\|end\|>", re.S)
 _TOOL_RESULT = re.compile(r"<\|start\|>functions\.[^ <]+ to=assistant<\|channel\|>commentary<\|message\|>"
                           r"((?:(?!<\|end\|>).)*)<\|end\|><\|start\|>assistant$", re.S)
 

@@ -37,6 +37,7 @@ class Mutant:
 
 PARSE = ("test_parse_stream.py", "test_parse_tolerant.py", "test_parse_differential.py", "test_parse_reference.py")
 TOOLS = ("test_tools.py",)
+MCP = ("test_mcp.py",)
 MAPPING = ("test_openai_request.py", "test_openai_output.py", "test_render_cache.py", "test_data.py")
 
 MUTANTS = [
@@ -211,6 +212,21 @@ MUTANTS += [
     Mutant("agent-budget-per-step", "agent/loop.py",
            "return None if self.limit is None else self.limit - out.output_tokens",
            "return self.limit", TOOLS),
+    Mutant("mcp-approval-ignored", "openai/responses.py",
+           'asks = self.needs_approval if made["type"] == "mcp_call" else None', "asks = None", MCP),
+    Mutant("mcp-secrets-echoed", "openai/responses.py",
+           'out.append({k: v for k, v in t.items() if k not in ("headers", "authorization")})',
+           "out.append(dict(t))", MCP),
+    Mutant("mcp-server-url-unchecked", "tools/mcp.py", "self.fetcher.check_url(server.url)", "pass", MCP),
+    Mutant("mcp-disallowed-tool-runs", "agent/mcp.py",
+           "return tool if server is not None and tool is not None and server.allows(tool) else None",
+           "return tool", MCP),
+    Mutant("mcp-listing-not-reused", "agent/mcp.py", "held = _listed(history, label)", "held = None", MCP),
+    Mutant("mcp-approval-runs-twice", "agent/mcp.py",
+           'if answer.get("approve") is not True or rid in done:', 'if answer.get("approve") is not True:', MCP),
+    Mutant("mcp-unsafe-schema", "tools/mcp.py", "schema = safe_schema(schema)", "pass", MCP),
+    Mutant("mcp-logs-credentials", "server/app.py", 'info["request"] = _redacted(request)',
+           'info["request"] = request', MCP),
     Mutant("mapping-chain-drops-tool-results", "openai/request.py",
            "self.add(Role.TOOL, result, name=tool, channel=channel, recipient=\"assistant\")", "pass",
            ("test_tools.py",)),

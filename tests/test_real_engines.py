@@ -455,3 +455,44 @@ def test_the_agent_loop_runs_on_vllm(gw_tools: str) -> None:
     call = next(i for i in final.output if i.type == "code_interpreter_call")
     assert call.status == "completed" and call.outputs and call.outputs[0].logs  # the sandbox ran it
     assert (final.model_extra or {})["harmony"].get("steps", 1) >= 2  # the engine generated again after it
+
+
+@pytest.fixture(scope="module")
+def mcp_echo() -> Iterator[tuple[list[str], str]]:
+    from mcp.server.mcpserver import MCPServer
+
+    calls: list[str] = []
+    server = MCPServer("echo")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Say the text back."""
+        calls.append(text)
+        return f"echo: {text}"
+
+    with serving(server.streamable_http_app()) as url:
+        yield calls, url + "/mcp"
+
+
+@pytest.fixture(scope="module")
+def gw_mcp(vllm: str) -> Iterator[str]:
+    yield from _gateway(vllm, guided="vllm", mcp=True, fetch_allow=("127.0.0.1/32",), store="none")
+
+
+def test_an_mcp_call_runs_on_vllm(gw_mcp: str, mcp_echo: tuple[list[str], str]) -> None:
+    """The real vLLM held by the grammar to a call of the MCP server's tool (tool_choice mcp):
+    the gateway calls the real MCP server with the random model's arguments (held to the tool's
+    schema), feeds the result back, and the engine generates again until the turn ends."""
+    calls, url = mcp_echo
+    c = client(gw_mcp)
+    with c.responses.stream(model=CLIENT_MODEL, input="Echo.", max_output_tokens=300, max_tool_calls=1,
+                            tools=[{"type": "mcp", "server_label": "echo", "server_url": url,
+                                    "require_approval": "never"}],
+                            tool_choice={"type": "mcp", "server_label": "echo"},
+                            extra_body={"seed": 0, "logit_bias": TERSE}) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.mcp_list_tools.completed" in kinds and "response.mcp_call.completed" in kinds
+    call = next(i for i in final.output if i.type == "mcp_call")
+    assert call.output == f"echo: {json.loads(call.arguments)['text']}" and calls
+    assert (final.model_extra or {})["harmony"].get("steps", 1) >= 2

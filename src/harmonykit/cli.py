@@ -473,6 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an address range the browser may open although it is loopback, private, "
                             "link-local or metadata (refused by default); repeatable "
                             f"[{env}FETCH_ALLOW, comma-separated]")
+    tools.add_argument("--mcp", action="store_true",
+                       help="serve Responses' mcp tools: reach the MCP servers requests name (under the "
+                            f"--fetch-allow address rules) and run their tools, with approvals [{env}MCP=1]")
+    tools.add_argument("--mcp-server", action="append", metavar="URL",
+                       help="the only MCP server URLs (prefixes) requests may name; repeatable "
+                            f"[{env}MCP_SERVER, comma-separated]")
+    tools.add_argument("--mcp-timeout", type=float, metavar="SECONDS",
+                       help=f"seconds an MCP tool call may take (default 60) [{env}MCP_TIMEOUT]")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("index", help="build a local search index for the browser tool (--browser index=PATH)",

@@ -20,10 +20,12 @@ from ..encoding import HarmonyEncoding
 from ..model import Author, Message, Role, TextContent
 from ..openai.errors import RequestError
 from ..openai.hosted import container_of, hosted_tools
+from ..openai.names import identifier
 from ..openai.responses import CITATION, ResponsesStream
 from ..openai.turn import Note
 from ..tokens import START
 from ..tools import BrowserTool, Call, Context, PythonTool, Toolbox, ToolResult
+from .mcp import McpTurn
 
 log = logging.getLogger("harmonykit.agent")
 _CONTAINER_ID = re.compile(r"cntr_[A-Za-z0-9_-]{1,64}")
@@ -51,12 +53,13 @@ class Agent:
     containers and pages held elsewhere), the prompt so far, the limits."""
 
     def __init__(self, toolbox: Toolbox, encoding: HarmonyEncoding, request: dict[str, Any], owner: str,
-                 prompt: list[int], *, chain: str | None = None) -> None:
+                 prompt: list[int], *, chain: str | None = None, mcp: McpTurn | None = None) -> None:
         self.toolbox = toolbox
         self.encoding = encoding
         self.request = request
         self.prompt = list(prompt)
         self.hosted = tuple(ns for ns in hosted_tools(request) if ns in toolbox.enabled)
+        self.mcp = mcp if mcp is not None and mcp.servers else None
         self.max_calls = request.get("max_tool_calls")
         self.limit = request.get("max_output_tokens")
         self.calls = 0
@@ -99,11 +102,17 @@ class Agent:
         items.container_id = self.ctx.container
         if "browser" in self.hosted:
             items.annotate = self.annotate
+        if self.mcp is not None:
+            items.needs_approval = self.mcp.needs_approval
 
     def will_run(self, call: dict[str, Any]) -> bool:
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return False
+        if call.get("mcp"):
+            return self.mcp is not None and call["mcp"][0] in self.mcp.servers
         tool = call.get("tool") or call["recipient"]
         ns = "python" if tool == "python" else "browser" if tool.startswith("browser.") else ""
-        return ns in self.hosted and (self.max_calls is None or self.calls < self.max_calls)
+        return ns in self.hosted
 
     def budget(self, out: ResponsesStream) -> int | None:
         """Output tokens left for the next step (None: no limit set)."""
@@ -115,8 +124,11 @@ class Agent:
         call = turn.builtin_calls[-1]
         before = turn.builtin_messages[-1]
         tool_name = call.get("tool") or call["recipient"]
+        if call.get("mcp"):  # the server's namespace as the prompt declares it
+            tool_name = f"{identifier(call['mcp'][0])}.{identifier(call['mcp'][1])}"
         await emit(out.items.running(), False)
-        result = await self._run(Call(tool_name, call["arguments"], call.get("channel")))
+        result = await self._mcp(call) if call.get("mcp") else \
+            await self._run(Call(tool_name, call["arguments"], call.get("channel")))
         notes, self.ctx.notes = self.ctx.notes, []
         for note in notes:
             turn.notes.append(_note(note))
@@ -138,6 +150,13 @@ class Agent:
         tokens += self._tail
         self.prompt = tokens
         return tokens
+
+    async def _mcp(self, call: dict[str, Any]) -> ToolResult:
+        assert self.mcp is not None and self.toolbox.mcp is not None
+        label, name = call["mcp"]
+        fields, text, failed = await self.mcp.run(self.toolbox.mcp, label, name, call["arguments"])
+        recipient = f"{identifier(label)}.{identifier(name)}"
+        return ToolResult(text, {**fields, "harmony": {"result": text, "tool": recipient}}, failed=failed)
 
     async def _run(self, call: Call) -> ToolResult:
         ns = "python" if call.tool == "python" else "browser"

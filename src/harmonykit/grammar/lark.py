@@ -15,8 +15,8 @@ from typing import Any
 from ..builtin_tools import BROWSER
 from ..cache import PartsCache
 from ..openai.errors import RequestError, shown
-from ..openai.hosted import ORDER, namespace_of
-from ..openai.names import ToolNames
+from ..openai.hosted import ORDER, McpNamespace, namespace_of
+from ..openai.names import ToolNames, identifier
 from ..openai.request import api_of
 from ..openai.schema import check_schema
 
@@ -34,10 +34,12 @@ class Turn:
     final: bool
     answer_schema: dict[str, Any] | None
     builtins: tuple[str, ...] = ()  # the built-in namespaces (python, browser) it may call
+    mcp: tuple[tuple[str, dict[str, Any]], ...] = ()  # MCP tools: (LABEL.TOOL as rendered, schema)
 
 
-def turn_of(request: dict[str, Any]) -> Turn:
-    """Read tools, ``tool_choice`` and the response format of a Chat or Responses request."""
+def turn_of(request: dict[str, Any], mcp: tuple[McpNamespace, ...] = ()) -> Turn:
+    """Read tools, ``tool_choice`` and the response format of a Chat or Responses request
+    (``mcp``: the tools its MCP servers listed)."""
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
     kind = api_of(request)
@@ -64,19 +66,28 @@ def turn_of(request: dict[str, Any]) -> Turn:
     rendered = dict(zip(names.declared, names.rendered, strict=True))
     tools = [(rendered[n], schema) for n, schema in declared]
     builtins = tuple(ns for ns in ORDER if ns in found)
+    servers = [(ns.label, f"{ns.rendered}.{identifier(n)}", s) for ns in mcp for n, _, s in ns.tools]
     choice = request.get("tool_choice", "auto")
     final = True
     if choice == "none":
-        tools, builtins = [], ()
+        tools, builtins, servers = [], (), []
+    elif isinstance(choice, dict) and choice.get("type") == "mcp":
+        label, name = choice.get("server_label"), choice.get("name")
+        servers = [t for t in servers
+                   if t[0] == label and (name is None or t[1].endswith("." + identifier(name)))]
+        if not servers:
+            raise RequestError("tool_choice",
+                               f"tool_choice names MCP server {shown(label)}, which offers no such tool")
+        tools, builtins, final = [], (), False
     elif choice == "required":
-        if not tools and not builtins:
+        if not tools and not builtins and not servers:
             raise RequestError("tool_choice", "tool_choice 'required' needs tools")
         final = False
     elif isinstance(choice, dict) and namespace_of(choice) is not None:
         if namespace_of(choice) not in builtins:
             raise RequestError("tool_choice",
                                f"tool_choice names {shown(choice.get('type'))}, which is not in tools")
-        tools, builtins, final = [], (str(namespace_of(choice)),), False
+        tools, builtins, servers, final = [], (str(namespace_of(choice)),), [], False
     elif isinstance(choice, dict):
         fn = choice.get("function", choice)
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -86,7 +97,8 @@ def turn_of(request: dict[str, Any]) -> Turn:
         final = False
     elif choice not in (None, "auto"):
         raise RequestError("tool_choice", f"unsupported tool_choice {shown(choice)}")
-    return Turn(tuple(tools), final, _answer_schema(request, kind), builtins)
+    return Turn(tuple(tools), final, _answer_schema(request, kind), builtins,
+                tuple((recipient, schema) for _, recipient, schema in servers))
 
 
 def _answer_schema(request: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -132,7 +144,7 @@ def _builtin_rules(ns: str) -> list[str]:
 GRAMMARS: PartsCache[str] = PartsCache()
 
 
-def harmony_grammar(request: dict[str, Any]) -> str:
+def harmony_grammar(request: dict[str, Any], mcp: tuple[McpNamespace, ...] = ()) -> str:
     """The llguidance grammar (Lark syntax) that admits exactly the well-formed completions of
     one assistant turn for ``request`` (a Chat Completions or Responses body): an optional
     ``analysis`` message, an optional ``commentary`` preamble (none with a response format),
@@ -149,13 +161,14 @@ def harmony_grammar(request: dict[str, Any]) -> str:
         raise RequestError(None, "the request body must be a JSON object")
     text = request.get("text")
     parts = (request.get("tools"), request.get("tool_choice"), request.get("response_format"),
-             text.get("format") if isinstance(text, dict) else text, api_of(request))
-    return GRAMMARS.get(parts, lambda: _grammar(turn_of(request)))
+             text.get("format") if isinstance(text, dict) else text, api_of(request),
+             repr(mcp) if mcp else None)
+    return GRAMMARS.get(parts, lambda: _grammar(turn_of(request, mcp)))
 
 
 def _grammar(turn: Turn) -> str:
     answers = (["final"] if turn.final else []) + (["call"] if turn.tools else []) + \
-        [f"builtin_{ns}" for ns in turn.builtins]
+        [f"builtin_{ns}" for ns in turn.builtins] + (["mcp"] if turn.mcp else [])
     if not answers:
         raise RequestError("tool_choice", "the request allows neither an answer nor a call")
     # A preamble is shown as content: with a response format, content must be the JSON alone.
@@ -184,5 +197,11 @@ def _grammar(turn: Turn) -> str:
             lines.append(f"call_{i}: {header} ctype <|message|> %json {json.dumps(schema)} <|call|>")
     for ns in turn.builtins:
         lines += _builtin_rules(ns)
+    if turn.mcp:  # an MCP server's tool, called as the functions are: commentary, JSON held to its schema
+        lines.append("mcp: " + " | ".join(f"mcp_{i}" for i in range(len(turn.mcp))))
+        for i, (recipient, schema) in enumerate(turn.mcp):
+            to = f"to={recipient}"
+            header = f"(<|channel|> \"commentary {to}\" | \" {to}\" <|channel|> \"commentary\")"
+            lines.append(f"mcp_{i}: {header} ctype <|message|> %json {json.dumps(schema)} <|call|>")
     lines.append("TEXT: /(.|\\n)+/")
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ from llguidance.tiktoken import lltokenizer_from_encoding
 from ..cache import PartsCache
 from ..encoding import HarmonyEncoding
 from ..openai.errors import RequestError
+from ..openai.hosted import McpNamespace
 from ..tokens import ENDOFTEXT, N_VOCAB
 from .lark import harmony_grammar
 
@@ -59,10 +60,11 @@ class HarmonyMatcher:
     (True, 0)
     """
 
-    def __init__(self, encoding: HarmonyEncoding, request: dict[str, Any]) -> None:
+    def __init__(self, encoding: HarmonyEncoding, request: dict[str, Any],
+                 mcp: tuple[McpNamespace, ...] = ()) -> None:
         if not isinstance(encoding, HarmonyEncoding):
             raise TypeError(f"encoding must be a HarmonyEncoding, got {type(encoding).__name__}")
-        self.grammar = harmony_grammar(request)
+        self.grammar = harmony_grammar(request, mcp=mcp)
         compiled = COMPILED.get((id(encoding), self.grammar), lambda: _compile(encoding, self.grammar))
         self._matcher = compiled.deep_copy()
         self._words = np.zeros((N_VOCAB + 31) // 32, dtype=np.int32)

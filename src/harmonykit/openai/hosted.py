@@ -14,9 +14,11 @@ request has them and declares no function of that name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import RequestError, shown
+from .names import identifier
 
 #: Request tool type -> the built-in namespace it is.
 HOSTED: dict[str, str] = {
@@ -37,9 +39,12 @@ _FIELDS = {
 
 
 def namespace_of(spec: Any) -> str | None:
-    """The built-in namespace a request tool is, or None for a function (or anything else)."""
+    """The built-in namespace a request tool is (``mcp`` for an MCP server's), or None for a
+    function (or anything else)."""
     if isinstance(spec, dict):
         kind = spec.get("type")
+        if kind == "mcp":
+            return "mcp"
         if isinstance(kind, str):
             return HOSTED.get(kind)
     return None
@@ -93,3 +98,46 @@ def builtin_recipient(recipient: str, hosted: tuple[str, ...] | frozenset[str]) 
     if r.startswith("browser.") and "browser" in hosted:
         return r
     return None
+
+
+@dataclass(frozen=True)
+class McpNamespace:
+    """An MCP server's tools as the prompt declares them: a namespace of its own, named by
+    its ``server_label`` (as gpt-oss reads its built-in tools: ``namespace browser``), each tool
+    under its identifier. ``tools``: (name, description, input schema), already checked."""
+
+    label: str
+    description: str | None
+    tools: tuple[tuple[str, str, dict[str, Any]], ...]
+
+    @property
+    def rendered(self) -> str:
+        return identifier(self.label)
+
+    def resolve(self, name: str) -> str | None:
+        """The MCP tool a rendered name calls."""
+        for tool, _, _ in self.tools:
+            if identifier(tool) == name or tool == name:
+                return tool
+        return None
+
+
+def mcp_recipient(recipient: str, namespaces: tuple[McpNamespace, ...]) -> tuple[str, str] | None:
+    """(server_label, tool name) of a recipient ``LABEL.TOOL`` (also ``functions.LABEL.TOOL``,
+    a slip), for a server the request has; the tool may be one it does not offer (the call is
+    then answered with an error)."""
+    r = recipient[len("functions."):] if recipient.startswith("functions.") else recipient
+    head, dot, tail = r.partition(".")
+    if not dot:
+        return None
+    for ns in namespaces:
+        if head in (ns.rendered, ns.label):
+            return ns.label, ns.resolve(tail) or tail
+    return None
+
+
+def mcp_specs(request: dict[str, Any] | None) -> list[tuple[int, dict[str, Any]]]:
+    """The request's ``mcp`` tools with their index in ``tools``."""
+    tools = (request or {}).get("tools")
+    return [(i, t) for i, t in enumerate(tools) if isinstance(t, dict) and t.get("type") == "mcp"] \
+        if isinstance(tools, list) else []

@@ -33,7 +33,7 @@ from ..render import drop_boundary
 from ..tokens import CALL, RETURN, START
 from ..typescript import ToolText, namespace_parts, section_parts, tool_text
 from .errors import RequestError, shown
-from .hosted import ORDER, check_hosted_tool, namespace_of
+from .hosted import ORDER, McpNamespace, check_hosted_tool, namespace_of
 from .names import ToolNames, identifier
 from .schema import check_json, check_schema
 
@@ -170,7 +170,8 @@ def _hosted(tools: Any, texts: Mapping[str, ToolNamespaceConfig] | None) -> tupl
     the system message's order, each as ``texts`` (the deployment's) or harmony gives it."""
     if not isinstance(tools, list):
         return ()
-    found = {check_hosted_tool(t, f"tools[{i}]") for i, t in enumerate(tools) if namespace_of(t) is not None}
+    found = {check_hosted_tool(t, f"tools[{i}]") for i, t in enumerate(tools)
+             if namespace_of(t) not in (None, "mcp")}
     return tuple([(texts or DEFAULT_HOSTED).get(ns) or DEFAULT_HOSTED[ns] for ns in ORDER if ns in found])
 
 
@@ -313,6 +314,7 @@ class _Builder:
         self.spans: list[tuple[int, int]] = []  # where each message's are
         self.call_names: dict[str, str] = {}
         self._calls: list[tuple[str, str]] = []
+        self.approvals: dict[str, str] = {}  # mcp_approval_request id -> the call's recipient
 
     def add(self, role: Role, text: str, *, name: str | None = None, channel: str | None = None,
             recipient: str | None = None, content_type: str | None = None) -> None:
@@ -435,6 +437,7 @@ class Developer:
     instructions: str | None
     tools: tuple[_Tool, ...]
     response_format: str | None
+    mcp: tuple[McpNamespace, ...] = ()  # MCP servers' tools, a namespace each, after the functions
 
     def message(self) -> Message:
         dev = DeveloperContent.new()
@@ -442,8 +445,11 @@ class Developer:
             dev = dev.with_instructions(self.instructions)
         if self.tools:
             dev = dev.with_function_tools([t.description for t in self.tools])
+        for ns in self.mcp:
+            dev = dev.with_tools(ToolNamespaceConfig(name=ns.rendered, description=ns.description, tools=[
+                ToolDescription.new(identifier(n), d, s) for n, d, s in ns.tools]))
         parts: list[Any] = []
-        if self.instructions is not None or self.tools:
+        if self.instructions is not None or self.tools or self.mcp:
             parts.append(dev)
         if self.response_format:
             parts.append(TextContent(text=self._format_text()))
@@ -451,14 +457,18 @@ class Developer:
 
     def render(self, encoding: HarmonyEncoding, out: list[int]) -> None:
         """Append the tokens ``encoding.render(self.message())`` gives."""
-        tools = section_parts([namespace_parts("functions", None, [t.text for t in self.tools])]) \
-            if self.tools else []
+        spaces = [namespace_parts("functions", None, [t.text for t in self.tools])] if self.tools else []
+        for ns in self.mcp:
+            texts = [tool_text(identifier(n), d, s) for n, d, s in ns.tools]
+            spaces.append(namespace_parts(ns.rendered, ns.description, texts))
+        tools = section_parts(spaces) if spaces else []
         encoding.render_developer_append(self.instructions, tools,
                                          self._format_text() if self.response_format else None, out)
 
     def _format_text(self) -> str:
         assert self.response_format
-        return ("\n\n" if self.instructions is not None or self.tools else "") + self.response_format
+        first = self.instructions is not None or self.tools or self.mcp
+        return ("\n\n" if first else "") + self.response_format
 
 
 # Not frozen (never changed after it is made, though): a frozen dataclass takes ~1 µs longer
@@ -515,7 +525,8 @@ def _system(encoding: HarmonyEncoding, effort: ReasoningEffort, has_tools: bool,
 
 def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instructions: list[str],
           tools: Any, tool_choice: Any, fmt: Any,
-          hosted_texts: Mapping[str, ToolNamespaceConfig] | None = None) -> Head:
+          hosted_texts: Mapping[str, ToolNamespaceConfig] | None = None,
+          mcp: tuple[McpNamespace, ...] = ()) -> Head:
     """The request's head: the system message (with the built-in tools Responses' hosted tools
     ask for), and the developer message with its instructions, tools (``tool_choice: "none"``
     shows none) and response format (``fmt``)."""
@@ -525,7 +536,8 @@ def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instruct
     extras = (tool_choice, fmt)
     data = b"" if extras == (None, None) else parts_key(extras)  # None: not JSON, not kept
     key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),
-                                     entries, tuple([(ns.name, ns.description) for ns in hosted]))
+                                     entries, tuple([(ns.name, ns.description) for ns in hosted]),
+                                     repr(mcp) if mcp else None)
     if key is not None:
         found = HEAD_CACHE.get(key)
         if found is not None and found[0] == extras:
@@ -533,14 +545,16 @@ def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instruct
     declared = tuple([e.declared for e in entries])
     if len({e.description.name for e in entries}) < len(entries):
         ToolNames.of(declared)  # two names that render alike: the error says which
-    _check_tool_choice(tool_choice, declared, [ns.name for ns in hosted])
+    _check_tool_choice(tool_choice, declared, [ns.name for ns in hosted] + (["mcp"] if mcp else []))
     response_format = _format_from(fmt, _FORMAT_PARAM[api], nested)
     listed = () if tool_choice == "none" else entries
-    system, tokens = _system(encoding, effort, bool(listed), hosted)
-    if not (instructions or listed or response_format):
+    shown_mcp = () if tool_choice == "none" else mcp
+    system, tokens = _system(encoding, effort, bool(listed or shown_mcp), hosted)
+    if not (instructions or listed or response_format or shown_mcp):
         head = Head(tokens, declared, bool(listed), system, None)
     else:
-        developer = Developer("\n\n".join(instructions) if instructions else None, listed, response_format)
+        developer = Developer("\n\n".join(instructions) if instructions else None, listed, response_format,
+                              shown_mcp)
         out = list(tokens)
         developer.render(encoding, out)
         head = Head(tuple(out), declared, bool(listed), system, developer)
@@ -712,15 +726,18 @@ def _chat_assistant(b: _Builder, msg: dict[str, Any], param: str) -> None:
 
 
 def render_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
-                             hosted: Mapping[str, ToolNamespaceConfig] | None = None) -> Prompt:
+                             hosted: Mapping[str, ToolNamespaceConfig] | None = None,
+                             mcp: Sequence[McpNamespace] = ()) -> Prompt:
     """Render a Responses API request body (``input``, ``instructions``, ``tools``, ...);
-    ``hosted``: how this deployment declares the built-in tools (harmony's texts by default)."""
-    return _prompt(encoding, read_responses_request(encoding, request, hosted=hosted))
+    ``hosted``: how this deployment declares the built-in tools (harmony's texts by default);
+    ``mcp``: the tools its MCP servers listed (the ``mcp`` tools themselves declare nothing)."""
+    return _prompt(encoding, read_responses_request(encoding, request, hosted=hosted, mcp=mcp))
 
 
 def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *,
                            cache: bool = True,
-                           hosted: Mapping[str, ToolNamespaceConfig] | None = None) -> Request:
+                           hosted: Mapping[str, ToolNamespaceConfig] | None = None,
+                           mcp: Sequence[McpNamespace] = ()) -> Request:
     """A Responses body as Harmony (``cache``: use and fill ``MESSAGE_CACHE``)."""
     _check_encoding(encoding)
     if not isinstance(request, dict):
@@ -768,6 +785,13 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
             build = _function_call if kind == "function_call" else _builtin_call
             b.cached(item, reasoning, build, item, param, reasoning)
             pending_reasoning = []
+        elif kind in ("mcp_call", "mcp_approval_request"):  # not cached: approvals are looked up by id
+            _mcp_call(b, item, param, "".join(pending_reasoning))
+            pending_reasoning = []
+        elif kind == "mcp_approval_response":
+            _mcp_approval(b, item, param)
+        elif kind == "mcp_list_tools":
+            pass  # the listing declares the server's tools (the gateway reads it); nothing to render
         elif kind == "function_call_output":
             name = b.call_name(item.get("call_id"), f"{param}.call_id")
             b.cached(item, name, _tool_result, item.get("output"), f"{param}.output", name)
@@ -785,7 +809,7 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
         raise RequestError("text", 'text must be an object, such as {"format": {"type": "json_object"}}')
 
     head = _head(encoding, "responses", effort, b.instructions, request.get("tools"),
-                 request.get("tool_choice"), (text_cfg or {}).get("format"), hosted)
+                 request.get("tool_choice"), (text_cfg or {}).get("format"), hosted, tuple(mcp))
     return Request(head, b.items, b.tokens, b.spans)
 
 
@@ -796,6 +820,60 @@ def _responses_assistant(b: _Builder, item: dict[str, Any], param: str, reasonin
 def _builtin_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
     b.assistant(reasoning, "", [])
     b.builtin_call(item, param)
+
+
+def _mcp_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:
+    """An MCP call (or the approval request of one): the call as the model writes it, then
+    (an ``mcp_call``'s) what it returned or the error. A call made after an approval request
+    shows only its result: the request showed the call."""
+    label, name, arguments = item.get("server_label"), item.get("name"), item.get("arguments", "")
+    if not isinstance(label, str) or not isinstance(name, str) or not isinstance(arguments, str):
+        raise RequestError(param, f"an {item['type']} needs string server_label, name and arguments")
+    recipient = f"{identifier(label)}.{identifier(name)}"
+    b.assistant(reasoning, "", [])
+    if item["type"] == "mcp_approval_request":
+        if isinstance(item.get("id"), str):
+            b.approvals[item["id"]] = recipient
+    if item["type"] == "mcp_approval_request" or not item.get("approval_request_id"):
+        b.add(Role.ASSISTANT, arguments, channel="commentary", recipient=recipient,
+              content_type="<|constrain|>json")
+    if item["type"] == "mcp_call":
+        error = item.get("error")
+        text = item.get("output") if error is None else f"Error: {_mcp_error_text(error)}"
+        b.add(Role.TOOL, text if isinstance(text, str) else "", name=recipient, channel="commentary",
+              recipient="assistant")
+
+
+def _mcp_error_text(error: Any) -> str:
+    if isinstance(error, str):
+        return error
+    if isinstance(error, dict):
+        message = error.get("message")
+        if isinstance(message, str):
+            return message
+        content = error.get("content")
+        if isinstance(content, list):
+            return "".join(c.get("text", "") for c in content if isinstance(c, dict))
+    return json.dumps(error)
+
+
+def _mcp_approval(b: _Builder, item: dict[str, Any], param: str) -> None:
+    """A refusal is the call's result the model reads; an approval shows as the call's result
+    once it has run (its ``mcp_call``)."""
+    approve, rid = item.get("approve"), item.get("approval_request_id")
+    if not isinstance(approve, bool) or not isinstance(rid, str):
+        raise RequestError(param, "an mcp_approval_response needs approval_request_id and approve "
+                                  "(true or false)")
+    recipient = b.approvals.get(rid)
+    if recipient is None:
+        raise RequestError(f"{param}.approval_request_id",
+                           f"no earlier mcp_approval_request has id {shown(rid)}")
+    if approve:
+        return
+    reason = item.get("reason")
+    why = f" Reason: {reason}" if isinstance(reason, str) and reason else ""
+    text = "The user declined this call." + why
+    b.add(Role.TOOL, text, name=recipient, channel="commentary", recipient="assistant")
 
 
 def _function_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str) -> None:

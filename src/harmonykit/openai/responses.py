@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..encoding import HarmonyEncoding
-from .hosted import namespace_of
+from .hosted import McpNamespace, namespace_of
 from .request import render_responses_request
 from .turn import Event, OutputStream, Turn, new_id
 
@@ -38,6 +38,8 @@ class _Items:
         self.will_run: Callable[[dict[str, Any]], bool] | None = None
         self.container_id = ""
         self.annotate: Callable[[str], list[dict[str, Any]]] | None = None
+        # whether an MCP call waits for the client's approval (its item is then the request for it)
+        self.needs_approval: Callable[[dict[str, Any]], bool] | None = None
         self.pending: dict[str, Any] | None = None
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -164,25 +166,51 @@ class _Items:
                         "action": {"type": "search", "query": None}, "harmony": _written(call)}
             if made is None:
                 return out
+            asks = self.needs_approval if made["type"] == "mcp_call" else None
+            if asks is not None and made["status"] == "completed" and asks(call):
+                # the response ends asking for the call's approval
+                fields = {k: made[k] for k in ("server_label", "name", "arguments", "harmony")}
+                return out + self.ready({"id": new_id("mcpr"), "type": "mcp_approval_request", **fields})
             item, status, index = made, made["status"], len(self.items)
             item["status"] = "in_progress"
             self.items.append(item)
             out.append(self.event("response.output_item.added", output_index=index, item=_copy(item)))
+            if item["type"] == "mcp_call":
+                out += [self.on("response.mcp_call.in_progress", item, index),
+                        self.on("response.mcp_call_arguments.delta", item, index, delta=item["arguments"]),
+                        self.on("response.mcp_call_arguments.done", item, index, arguments=item["arguments"])]
             if item["type"] == "code_interpreter_call":
                 item["container_id"] = self.container_id
-                out.append(self.event("response.code_interpreter_call.in_progress", item_id=item["id"],
-                                      output_index=index))
-                out.append(self.event("response.code_interpreter_call_code.delta", item_id=item["id"],
-                                      output_index=index, delta=item["code"]))
-                out.append(self.event("response.code_interpreter_call_code.done", item_id=item["id"],
-                                      output_index=index, code=item["code"]))
+                out += [self.on("response.code_interpreter_call.in_progress", item, index),
+                        self.on("response.code_interpreter_call_code.delta", item, index, delta=item["code"]),
+                        self.on("response.code_interpreter_call_code.done", item, index, code=item["code"])]
         if self.will_run is not None and status == "completed" and self.will_run(call):
             self.pending = item
             if item["type"] == "web_search_call":
-                out.append(self.event("response.web_search_call.in_progress", item_id=item["id"],
-                                      output_index=index))
+                out.append(self.on("response.web_search_call.in_progress", item, index))
             return out
         item["status"] = status
+        out.append(self.event("response.output_item.done", output_index=index, item=_copy(item)))
+        return out
+
+    def on(self, kind: str, item: dict[str, Any], index: int, **fields: Any) -> dict[str, Any]:
+        """An event about an item (its id and output index)."""
+        return self.event(kind, item_id=item["id"], output_index=index, **fields)
+
+    def ready(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """An item made whole (an MCP server's listing, a call run on approval before the first
+        step, an approval request), with the events its kind has."""
+        index = len(self.items)
+        self.items.append(item)
+        kind = item["type"]
+        out = [self.event("response.output_item.added", output_index=index, item=_copy(item))]
+        if kind in ("mcp_list_tools", "mcp_call"):
+            out.append(self.on(f"response.{kind}.in_progress", item, index))
+            if kind == "mcp_call":
+                out.append(self.on("response.mcp_call_arguments.done", item, index,
+                                   arguments=item["arguments"]))
+            end = "failed" if item.get("error") else "completed"
+            out.append(self.on(f"response.{kind}.{end}", item, index))
         out.append(self.event("response.output_item.done", output_index=index, item=_copy(item)))
         return out
 
@@ -195,6 +223,9 @@ class _Items:
             item["status"] = "interpreting"
             return [self.event("response.code_interpreter_call.interpreting", item_id=item["id"],
                                output_index=index)]
+        if item["type"] == "mcp_call":
+            item["status"] = "calling"  # its in_progress event went out with the call
+            return []
         item["status"] = "searching"
         return [self.event("response.web_search_call.searching", item_id=item["id"], output_index=index)]
 
@@ -209,8 +240,9 @@ class _Items:
             else:
                 item[key] = value
         item["status"] = "failed" if failed else "completed"
-        kind = "code_interpreter_call" if item["type"] == "code_interpreter_call" else "web_search_call"
-        return [self.event(f"response.{kind}.completed", item_id=item["id"], output_index=index),
+        kind = item["type"] if item["type"] in ("code_interpreter_call", "mcp_call") else "web_search_call"
+        end = "failed" if failed and kind == "mcp_call" else "completed"
+        return [self.event(f"response.{kind}.{end}", item_id=item["id"], output_index=index),
                 self.event("response.output_item.done", output_index=index, item=_copy(item))]
 
 
@@ -219,6 +251,10 @@ def builtin_item(call: dict[str, Any]) -> dict[str, Any] | None:
     recipient, body = call.get("tool") or call["recipient"], call["arguments"]
     status = "incomplete" if call.get("incomplete") else "completed"
     written = _written(call)
+    if call.get("mcp"):
+        label, name = call["mcp"]
+        return {"id": new_id("mcp"), "type": "mcp_call", "server_label": label, "name": name,
+                "arguments": body, "output": None, "error": None, "status": status, "harmony": written}
     if recipient == "python":
         return {"id": new_id("ci"), "type": "code_interpreter_call", "code": body, "container_id": "",
                 "outputs": None, "status": status, "harmony": written}
@@ -252,8 +288,8 @@ def _function_tools(tools: Any) -> list[dict[str, Any]]:
     and hosted tools as the request gave them."""
     out = []
     for t in tools if isinstance(tools, list) else []:
-        if namespace_of(t) is not None:
-            out.append(dict(t))
+        if namespace_of(t) is not None:  # as given, less the secrets an MCP server is reached with
+            out.append({k: v for k, v in t.items() if k not in ("headers", "authorization")})
             continue
         fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
@@ -288,9 +324,12 @@ class ResponsesStream(OutputStream):
         model: str | None = None,
         created_at: float | None = None,
         prompt_tokens: int | None = None,
+        mcp: tuple[McpNamespace, ...] = (),
+        prelude: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(encoding, render_responses_request, request=request, id=id, model=model,
-                         prompt_tokens=prompt_tokens)
+                         prompt_tokens=prompt_tokens, mcp=mcp)
+        self._prelude = prelude or []  # items made before the first step (MCP listings, approved calls)
         self.created_at = created_at if created_at is not None else time.time()
         self._items = _Items(self.turn)
         self.steps: list[Turn] = []  # the turns before this one, when the gateway ran tools between
@@ -317,7 +356,7 @@ class ResponsesStream(OutputStream):
         assert self.turn.closed, "end_step() first"
         self._step_prompts += self.prompt_tokens()
         self.steps.append(self.turn)
-        self.turn = Turn(self._encoding, self.turn.names, hosted=self.turn.hosted)
+        self.turn = Turn(self._encoding, self.turn.names, hosted=self.turn.hosted, mcp=self.turn.mcp)
         self._items.turn = self.turn
         self._prompt_tokens = prompt_tokens
 
@@ -361,6 +400,8 @@ class ResponsesStream(OutputStream):
             self.started = True
             out.append(self._items.event("response.created", response=self.response("in_progress", [])))
             out.append(self._items.event("response.in_progress", response=self.response("in_progress", [])))
+            for item in self._prelude:
+                out += self._items.ready(item)
         return out + self._items.convert(self.turn.feed(token_ids))
 
     def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:

@@ -47,7 +47,7 @@ from ..parse.machine import HEADER_LIMIT
 from ..parse.stream import StreamableParser
 from ..tokens import STOP_TOKEN_SET, as_token_ids
 from .errors import StreamClosed
-from .hosted import builtin_recipient, hosted_tools
+from .hosted import McpNamespace, builtin_recipient, hosted_tools, mcp_recipient
 from .names import FUNCTIONS, ToolNames, declared_names
 
 _BUILTIN_PREFIXES = ("browser.", "container.", "functions_builtin.")
@@ -197,6 +197,7 @@ class _Open:
     args: ArgumentStream | None = None
     note: Note | None = None  # said when the message ends
     tool: str | None = None  # the built-in tool a builtin message calls, when the request has it
+    mcp: tuple[str, str] | None = None  # (server_label, tool) of a call to an MCP server's tool
 
 
 @dataclass
@@ -214,6 +215,7 @@ class Turn:
     # slips functions.python / functions.browser.x included, are built-in calls; python's code
     # streams (events of kind "code")
     hosted: tuple[str, ...] = ()
+    mcp: tuple[McpNamespace, ...] = ()  # the request's MCP servers and their tools
     # the parser message index of each built-in call (None: an empty one the parser dropped)
     builtin_messages: list[int | None] = field(default_factory=list)
     reasoning_tokens: int = 0
@@ -338,6 +340,8 @@ class Turn:
             return "call", name, None
         if self.hosted and builtin_recipient(r, self.hosted) is not None:
             return "builtin", "", None
+        if self.mcp and mcp_recipient(r, self.mcp) is not None:
+            return "builtin", "", None
         if r.startswith(_BUILTIN_PREFIXES) or r == "python" or ("." in r and not r.startswith(FUNCTIONS)):
             return "builtin", "", None
         if r.startswith(FUNCTIONS) and not named_nothing(r):
@@ -370,6 +374,7 @@ class Turn:
                 self._flush_pending("reasoning")
         elif route == "builtin" and h.recipient is not None:
             op.tool = builtin_recipient(h.recipient, self.hosted)
+            op.mcp = mcp_recipient(h.recipient, self.mcp) if self.mcp else None
             if op.tool == "python":
                 self._text("code", op.key, "")  # python's code streams as it is written
         return op
@@ -434,6 +439,8 @@ class Turn:
                                     "content_type": op.header.content_type, "arguments": text}
             if op.tool is not None and op.tool != op.header.recipient:
                 call["tool"] = op.tool
+            if op.mcp is not None:
+                call["mcp"] = list(op.mcp)
             if cut:
                 call["incomplete"] = True
             self.builtin_calls.append(call)
@@ -516,6 +523,7 @@ class OutputStream:
         id: str | None,
         model: str | None,
         prompt_tokens: int | None,
+        mcp: tuple[McpNamespace, ...] = (),
     ) -> None:
         if not isinstance(encoding, HarmonyEncoding):
             raise TypeError(f"encoding must be a HarmonyEncoding (load_harmony_encoding(...)), "
@@ -525,7 +533,7 @@ class OutputStream:
         self.request = request or {}
         self.id = id or new_id(self.id_prefix)
         self.model = model or self.request.get("model") or "gpt-oss"
-        self.turn = Turn(encoding, declared_names(request), hosted=hosted_tools(request))
+        self.turn = Turn(encoding, declared_names(request), hosted=hosted_tools(request), mcp=mcp)
         self._encoding = encoding
         self._render = render
         self._prompt_tokens = prompt_tokens

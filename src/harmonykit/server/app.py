@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -24,6 +25,8 @@ import orjson
 from .. import HarmonyEncodingName, load_harmony_encoding
 from ..agent import Agent, drive
 from ..agent.loop import ContextFull
+from ..agent.mcp import McpTurn
+from ..agent.mcp import prepare as prepare_mcp
 from ..encoding import HarmonyEncoding
 from ..errors import HarmonyError
 from ..grammar import harmony_grammar
@@ -37,7 +40,7 @@ from ..openai import (
     render_responses_request,
 )
 from ..openai.chat import content_logprobs
-from ..openai.hosted import HOSTED, hosted_tools
+from ..openai.hosted import HOSTED, McpNamespace, hosted_tools, mcp_specs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
 from ..openai.stops import OutputEnd
@@ -90,16 +93,18 @@ class Gateway(StatefulRoutes):
         self._started = False
         try:
             self.toolbox = Toolbox(self.encoding, sandbox=settings.sandbox, browser=settings.browser,
-                                   fetch_allow=settings.fetch_allow)
+                                   fetch_allow=settings.fetch_allow, mcp=settings.mcp,
+                                   mcp_servers=settings.mcp_server, mcp_timeout=settings.mcp_timeout)
         except (SandboxError, BackendError, IndexFileError) as e:
-            option = "--python" if isinstance(e, SandboxError) else "--browser"
-            raise ValueError(f"{option}: {e}") from None
+            if isinstance(e, SandboxError):
+                raise ValueError(f"--python: {e}") from None
+            raise ValueError(str(e) if str(e).startswith("--") else f"--browser: {e}") from None
         hosted = self.toolbox.declarations()
         # Looked up in _RENDER at each call (a test observes renders there); Responses with this
-        # deployment's declarations of the built-in tools.
-        self._render: dict[str, Callable[[HarmonyEncoding, dict[str, Any]], Any]] = {
-            "chat": lambda enc, req: _RENDER["chat"](enc, req),
-            "responses": lambda enc, req: _RENDER["responses"](enc, req, hosted=hosted)}
+        # deployment's declarations of the built-in tools, and a request's MCP servers' tools.
+        self._render: dict[str, Callable[..., Any]] = {
+            "chat": lambda enc, req, mcp=(): _RENDER["chat"](enc, req),
+            "responses": lambda enc, req, mcp=(): _RENDER["responses"](enc, req, hosted=hosted, mcp=mcp)}
         store = open_store(settings.store_url, ttl=settings.store_ttl, timeout=settings.store_timeout)
         self.state = State(store, lease=settings.store_lease) if store is not None else None
         self._routes: dict[tuple[str, str], Route] = {
@@ -247,8 +252,9 @@ class Gateway(StatefulRoutes):
         try:
             self._bound(len(data))
             try:
-                request, tokens, own = await self._prepare(data, kind, owner)
-                grammar = harmony_grammar(request) if self.settings.guided else None
+                request, tokens, own, mcp = await self._prepare(data, kind, owner)
+                grammar = harmony_grammar(request, mcp=mcp.namespaces if mcp else ()) \
+                    if self.settings.guided else None
                 if grammar is None:
                     _check_tool_choice(request)
                 job = Job(tokens, sampling(request, kind), output_limit(request, kind),
@@ -258,16 +264,16 @@ class Gateway(StatefulRoutes):
             except HarmonyError as e:  # text the tokenizer cannot take (a run of mixed whitespace)
                 raise HTTPError(400, str(e), param="messages" if kind == "chat" else "input") from None
             if self.settings.log_content:
-                info["request"] = request
+                info["request"] = _redacted(request)
             info["prompt_tokens"] = len(job.prompt)
             self.metrics.tokens.labels("in").inc(len(job.prompt))
-            agent = self._agent(request, owner, job) if kind == "responses" else None
+            agent = self._agent(request, owner, job, mcp) if kind == "responses" else None
             record = None
             if kind == "responses" and self.state is not None and request.get("store") is not False:
                 info["response_id"] = rid = new_id("resp")
                 if request.get("background"):
                     return await self._background(send, receive, request, job, info, owner, rid, own, agent)
-                snapshot = self._responses_stream(request, job, rid).response("in_progress", [])
+                snapshot = self._responses_stream(request, job, rid, agent).response("in_progress", [])
                 record = self.state.record(snapshot, request, own, owner)
                 if request.get("stream"):  # its id is out before it ends: stored from the start
                     await self.state.begin(record)
@@ -282,18 +288,13 @@ class Gateway(StatefulRoutes):
         finally:
             self.active -= 1
 
-    def _agent(self, request: dict[str, Any], owner: str, job: Job) -> Agent | None:
+    def _agent(self, request: dict[str, Any], owner: str, job: Job, mcp: McpTurn | None) -> Agent | None:
         """The loop that runs this response's built-in calls, when it asks for tools this gateway runs."""
-        hosted = hosted_tools(request)
-        if not hosted:
+        if not hosted_tools(request) and not (mcp and mcp.servers):
             return None
-        chain = request.get("previous_response_id")
-        conversation = request.get("conversation")
-        if conversation is not None:
-            chain = conversation.get("id") if isinstance(conversation, dict) else conversation
         try:
-            return Agent(self.toolbox, self.encoding, request, owner, job.prompt,
-                         chain=chain if isinstance(chain, str) else None)
+            return Agent(self.toolbox, self.encoding, request, owner, job.prompt, chain=_chain(request),
+                         mcp=mcp)
         except RequestError as e:
             raise HTTPError(400, e.message, param=e.param) from None
 
@@ -302,15 +303,17 @@ class Gateway(StatefulRoutes):
         tools = request.get("tools")
         for i, t in enumerate(tools if isinstance(tools, list) else []):
             kind = t.get("type") if isinstance(t, dict) else None
-            ns = HOSTED.get(kind) if isinstance(kind, str) else None
+            ns = "mcp" if kind == "mcp" else HOSTED.get(kind) if isinstance(kind, str) else None
             if ns is not None and ns not in self.toolbox.enabled:
+                what = "MCP servers" if ns == "mcp" else f"gpt-oss's {ns} tool"
                 raise RequestError(f"tools[{i}]", f"the {t['type']} tool needs the gateway started with "
-                                                  f"{OPTIONS[ns]} (this gateway does not run gpt-oss's "
-                                                  f"{ns} tool)")
+                                                  f"{OPTIONS[ns]} (this gateway does not run {what})")
 
-    async def _prepare(self, data: bytes, kind: str, owner: str) -> tuple[dict[str, Any], list[int], Any]:
+    async def _prepare(self, data: bytes, kind: str,
+                       owner: str) -> tuple[dict[str, Any], list[int], Any, McpTurn | None]:
         """The request, checked, with its stored history in front (previous_response_id,
-        conversation); its prompt tokens; and its own input, as it came. A large one is read and
+        conversation); its prompt tokens; its own input, as it came; and its MCP servers' tools
+        (listed, approved calls run: the prompt declares them). A large one is read and
         rendered off the event loop (server/large.py): one client's megabytes never stall
         everyone's streams."""
         stateful = self.state is not None
@@ -322,9 +325,11 @@ class Gateway(StatefulRoutes):
             own = request.get("input")
             if kind == "responses" and self.state is not None:
                 request = await self.state.expand(request, owner)
-                if len(request["input"]) > LONG_HISTORY:  # a small body, a long stored history
-                    return (*await asyncio.to_thread(self._render_truncated, request, kind), own)
-            return (*self._render_truncated(request, kind), own)
+            request, mcp = await self._mcp(request, kind, own)
+            spaces = mcp.namespaces if mcp else ()
+            if kind == "responses" and len(request["input"]) > LONG_HISTORY:  # a long stored history
+                return (*await asyncio.to_thread(self._render_truncated, request, kind, spaces), own, mcp)
+            return (*self._render_truncated(request, kind, spaces), own, mcp)
         with young_only():
             request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
                 else _parse(data)
@@ -335,15 +340,31 @@ class Gateway(StatefulRoutes):
             own = request.get("input")
             if kind == "responses" and self.state is not None:
                 request = await self.state.expand(request, owner)
-            tokens = await asyncio.to_thread(render_tokens, self._render[kind], self.encoding, request,
+            request, mcp = await self._mcp(request, kind, own)
+            spaces = mcp.namespaces if mcp else ()
+            render = partial(self._render[kind], mcp=spaces)
+            tokens = await asyncio.to_thread(render_tokens, render, self.encoding, request,
                                              self.settings.log_content)
-        return (*self._truncate(request, kind, tokens), own)
+        return (*self._truncate(request, kind, tokens, spaces), own, mcp)
 
-    def _render_truncated(self, request: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[int]]:
-        return self._truncate(request, kind, self._render[kind](self.encoding, request).tokens)
+    async def _mcp(self, request: dict[str, Any], kind: str,
+                   own: Any) -> tuple[dict[str, Any], McpTurn | None]:
+        """The request's MCP servers listed and its approved calls run; the request with those
+        calls in its input (the prompt shows their results)."""
+        if kind != "responses" or self.toolbox.mcp is None or not mcp_specs(request):
+            return request, None
+        mcp = await prepare_mcp(self.toolbox.mcp, request, own, _chain(request) or "")
+        calls = [i for i in mcp.prelude if i["type"] == "mcp_call"]
+        if calls:
+            request = {**request, "input": [*request["input"], *calls]}
+        return request, mcp
 
-    def _truncate(self, request: dict[str, Any], kind: str,
-                  tokens: list[int]) -> tuple[dict[str, Any], list[int]]:
+    def _render_truncated(self, request: dict[str, Any], kind: str,
+                          mcp: tuple[McpNamespace, ...] = ()) -> tuple[dict[str, Any], list[int]]:
+        return self._truncate(request, kind, self._render[kind](self.encoding, request, mcp=mcp).tokens, mcp)
+
+    def _truncate(self, request: dict[str, Any], kind: str, tokens: list[int],
+                  mcp: tuple[McpNamespace, ...] = ()) -> tuple[dict[str, Any], list[int]]:
         """``truncation: "auto"``: the oldest input items dropped, as few as make the prompt fit the
         engine's context with room for the output limit (found by bisection: a few renders, each
         mostly from the render cache). ``"disabled"`` (the default) leaves the 400 to the engine check."""
@@ -363,7 +384,7 @@ class Gateway(StatefulRoutes):
             if start == len(items):
                 return None
             kept = items[start:]
-            return kept, self._render[kind](self.encoding, {**request, "input": kept}).tokens
+            return kept, self._render[kind](self.encoding, {**request, "input": kept}, mcp=mcp).tokens
 
         lo, hi = 1, len(items) - 1  # the newest item always stays
         best: tuple[list[Any], list[int]] | None = None
@@ -382,9 +403,15 @@ class Gateway(StatefulRoutes):
         contexts = [e.info.context for e in self.upstream.engines if e.info and e.info.context]
         return min(contexts) if contexts else None
 
-    def _responses_stream(self, request: dict[str, Any], job: Job, rid: str | None) -> ResponsesStream:
-        return ResponsesStream(self.encoding, request=request, id=rid,
-                               model=request.get("model") or "gpt-oss", prompt_tokens=len(job.prompt))
+    def _responses_stream(self, request: dict[str, Any], job: Job, rid: str | None,
+                          agent: Agent | None = None, created_at: float | None = None) -> ResponsesStream:
+        mcp = agent.mcp if agent is not None else None
+        out = ResponsesStream(self.encoding, request=request, id=rid, model=request.get("model") or "gpt-oss",
+                              prompt_tokens=len(job.prompt), created_at=created_at,
+                              mcp=mcp.namespaces if mcp else (), prelude=list(mcp.prelude) if mcp else None)
+        if agent is not None:
+            agent.attach(out)
+        return out
 
     async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
                      kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
@@ -456,11 +483,8 @@ class Gateway(StatefulRoutes):
             out = ChatCompletionStream(self.encoding, request=request, model=client_model,
                                        prompt_tokens=len(job.prompt))
         else:
-            out = ResponsesStream(self.encoding, request=request, model=client_model,
-                                  prompt_tokens=len(job.prompt), id=record.id if record else None,
-                                  created_at=record.created_at if record else None)
-            if agent is not None:
-                agent.attach(out)
+            out = self._responses_stream(request, job, record.id if record else None, agent,
+                                         record.created_at if record else None)
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
             body = b"".join([_frame(e, kind) for e in events])
@@ -539,7 +563,9 @@ class Gateway(StatefulRoutes):
         model = request.get("model")
         # A forced tool_choice holds the first step; after a tool's result the model is free again
         # (else a forced call would loop until the limits).
-        grammar = harmony_grammar({**request, "tool_choice": "auto"}) if job.grammar is not None else None
+        spaces = agent.mcp.namespaces if agent.mcp is not None else ()
+        grammar = harmony_grammar({**request, "tool_choice": "auto"}, mcp=spaces) if job.grammar is not None \
+            else None
 
         async def generate(prompt: list[int], limit: int | None) -> _EngineStep:
             next_job = replace(job, prompt=prompt, max_tokens=limit, grammar=grammar)
@@ -579,10 +605,8 @@ class Gateway(StatefulRoutes):
             await self._abandon(record, None, e.message)
             raise
         self._latency(info, t0)
-        out = ResponsesStream(self.encoding, request=request, model=request.get("model") or "gpt-oss",
-                              prompt_tokens=len(job.prompt), id=record.id if record else None,
-                              created_at=record.created_at if record else None)
-        agent.attach(out)
+        out = self._responses_stream(request, job, record.id if record else None, agent,
+                                     record.created_at if record else None)
         final: list[dict[str, Any]] = []
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
@@ -647,7 +671,7 @@ class Gateway(StatefulRoutes):
         if len(state.tasks) + self.active > self.settings.max_concurrency:
             raise HTTPError(429, f"the gateway is generating its maximum of {self.settings.max_concurrency} "
                                  "responses; retry shortly", code="concurrency_limit")
-        snapshot = self._responses_stream(request, job, rid).response("queued", [])
+        snapshot = self._responses_stream(request, job, rid, agent).response("queued", [])
         record = state.record(snapshot, request, own, owner)
         await state.begin(record)
         live = state.live[rid] = Live()
@@ -666,10 +690,7 @@ class Gateway(StatefulRoutes):
         is published."""
         assert self.state is not None
         state = self.state
-        out = self._responses_stream(request, job, record.id)
-        out.created_at = record.created_at
-        if agent is not None:
-            agent.attach(out)
+        out = self._responses_stream(request, job, record.id, agent, record.created_at)
         # Kept whether or not its creator streams: any client may stream it again, from any replica.
         writer = EventWriter(state.store, record.id)
 
@@ -863,6 +884,29 @@ class _EngineStep:
         self.finish_reason = finish
         if rest:
             yield rest
+
+
+def _redacted(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as --log-content logs it: an MCP server's credentials left out."""
+    tools = request.get("tools")
+    if not isinstance(tools, list) or not mcp_specs(request):
+        return request
+
+    def hide(t: Any) -> Any:
+        if not isinstance(t, dict) or t.get("type") != "mcp":
+            return t
+        return {k: "(redacted)" if k in ("headers", "authorization") else v for k, v in t.items()}
+
+    return {**request, "tools": [hide(t) for t in tools]}
+
+
+def _chain(request: dict[str, Any]) -> str | None:
+    """What the response continues: its conversation, else its previous response."""
+    chain = request.get("previous_response_id")
+    conversation = request.get("conversation")
+    if conversation is not None:
+        chain = conversation.get("id") if isinstance(conversation, dict) else conversation
+    return chain if isinstance(chain, str) else None
 
 
 def _conversation_id(request: dict[str, Any]) -> str | None:

@@ -56,6 +56,9 @@ class Settings:
     python_sandbox: str = "bwrap"  # bwrap, or none (no isolation: only when asked for by name)
     browser: str | None = None  # the browser tool's search backend: searxng=URL, exa, youcom, index=PATH
     fetch_allow: tuple[str, ...] = ()  # address ranges the browser may open despite the SSRF rules
+    mcp: bool = False  # Responses' mcp tools: the gateway reaches the MCP servers requests name
+    mcp_server: tuple[str, ...] = ()  # when given, the only server URLs (prefixes) requests may name
+    mcp_timeout: float = 60.0  # seconds an MCP tool call may take
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -94,7 +97,7 @@ class Settings:
             raise ValueError(f"render_cache_mb must be 0 (off) or more, got {self.render_cache_mb}")
         if self.upstream_timeout <= 0:
             raise ValueError(f"upstream_timeout must be positive, got {self.upstream_timeout}")
-        for name in ("python_timeout", "python_memory_mb", "python_procs"):
+        for name in ("python_timeout", "python_memory_mb", "python_procs", "mcp_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.python_sandbox not in ("bwrap", "none"):
@@ -149,8 +152,9 @@ class Settings:
             values["api_key"] = tuple(values["api_key"])
         if "upstream" in values:
             values["upstream"] = tuple(u.rstrip("/") for u in values["upstream"])
-        if "fetch_allow" in values:
-            values["fetch_allow"] = tuple(values["fetch_allow"])
+        for name in ("fetch_allow", "mcp_server"):
+            if name in values:
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -179,10 +183,10 @@ def _parse(name: str, raw: str) -> Any:
         "health_interval": float, "max_tokens_default": int, "body_timeout": float,
         "header_timeout": float, "render_cache_mb": int, "store_ttl": duration,
         "store_lease": float, "store_timeout": float, "python_timeout": float, "python_memory_mb": int,
-        "python_procs": int}
-    if name in ("upstream", "fetch_allow"):
+        "python_procs": int, "mcp_timeout": float}
+    if name in ("upstream", "fetch_allow", "mcp_server"):
         return [u.strip() for u in raw.split(",") if u.strip()]
-    if name in ("log_content", "python"):
+    if name in ("log_content", "python", "mcp"):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if name in kinds:
         try:

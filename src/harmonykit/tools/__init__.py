@@ -20,6 +20,7 @@ from ..model import ToolNamespaceConfig
 from .browser.backends import Backend, BackendError, backend_from
 from .browser.page import Page, from_html
 from .browser.session import BrowserSession
+from .mcp import Mcp
 from .net import Fetcher, FetchError, parse_allow
 from .python import Containers, Sandbox, SandboxError, check
 
@@ -213,7 +214,7 @@ class BrowserTool(Tool):
 
 #: The built-in tools by namespace (adding one: a class above and a line here).
 TOOLS: dict[str, type[Tool]] = {"python": PythonTool, "browser": BrowserTool}
-OPTIONS = {"python": "--python", "browser": "--browser"}
+OPTIONS = {"python": "--python", "browser": "--browser", "mcp": "--mcp"}
 
 
 class Toolbox:
@@ -221,8 +222,17 @@ class Toolbox:
     when a backend is), checked at startup."""
 
     def __init__(self, encoding: HarmonyEncoding, *, sandbox: Sandbox | None = None,
-                 browser: str | None = None, fetch_allow: tuple[str, ...] = ()) -> None:
+                 browser: str | None = None, fetch_allow: tuple[str, ...] = (),
+                 mcp: bool = False, mcp_servers: tuple[str, ...] = (), mcp_timeout: float = 60.0) -> None:
         self.tools: dict[str, Tool] = {}
+        # MCP servers, reached under the same address rules as the browser's pages
+        self.mcp: Mcp | None = None
+        if mcp:
+            try:
+                import mcp as _sdk  # noqa: F401
+            except ImportError:
+                raise BackendError("--mcp needs the mcp extra: pip install 'harmonykit[mcp]'") from None
+            self.mcp = Mcp(Fetcher(allow=parse_allow(fetch_allow)), mcp_servers, mcp_timeout)
         if sandbox is not None:
             check(sandbox)
             self.tools["python"] = PythonTool(sandbox)
@@ -237,7 +247,7 @@ class Toolbox:
 
     @property
     def enabled(self) -> tuple[str, ...]:
-        return tuple(self.tools)
+        return tuple(self.tools) + (("mcp",) if self.mcp is not None else ())
 
     def declarations(self) -> dict[str, ToolNamespaceConfig]:
         return {ns: tool.declaration() for ns, tool in self.tools.items()}
@@ -245,3 +255,5 @@ class Toolbox:
     async def close(self) -> None:
         for tool in self.tools.values():
             await tool.close()
+        if self.mcp is not None:
+            await self.mcp.fetcher.close()
