@@ -314,6 +314,14 @@ def serving(app: Any, *, bind: str = "127.0.0.1", **config: Any) -> Iterator[str
         sock.close()
 
 
+@contextmanager
+def scripted(seed: int) -> Iterator[tuple[Engine, str]]:
+    """The scripted engine, served (what a module's ``engine`` fixture yields)."""
+    eng = Engine(seed=seed)
+    with serving(eng) as url:
+        yield eng, url
+
+
 def dead_url() -> str:
     """A loopback URL where nothing listens."""
     sock = free_socket()

@@ -38,6 +38,7 @@ class Mutant:
 PARSE = ("test_parse_stream.py", "test_parse_tolerant.py", "test_parse_differential.py", "test_parse_reference.py")
 TOOLS = ("test_tools.py",)
 MCP = ("test_mcp.py",)
+CLIENTS = ("test_clients.py",)
 MAPPING = ("test_openai_request.py", "test_openai_output.py", "test_render_cache.py", "test_data.py")
 
 MUTANTS = [
@@ -225,8 +226,13 @@ MUTANTS += [
     Mutant("mcp-approval-runs-twice", "agent/mcp.py",
            'if answer.get("approve") is not True or rid in done:', 'if answer.get("approve") is not True:', MCP),
     Mutant("mcp-unsafe-schema", "tools/mcp.py", "schema = safe_schema(schema)", "pass", MCP),
-    Mutant("mcp-logs-credentials", "server/app.py", 'info["request"] = _redacted(request)',
-           'info["request"] = request', MCP),
+    Mutant("mcp-logs-credentials", "server/app.py", "return _redacted(body) if isinstance(body, dict) else body",
+           "return body", MCP),
+    Mutant("clients-unknown-fields-refused", "openai/params.py", "ignored.append(key)",
+           "raise RequestError(key, f'unrecognized request argument supplied: {key}')", CLIENTS),
+    Mutant("clients-forced-call-needs-guided", "server/app.py", "_check_tool_choice(self._grammar_problem())",
+           '_check_tool_choice("no grammar without --guided")', CLIENTS),
+    Mutant("clients-include-unchecked", "openai/params.py", "if value not in INCLUDES:", "if False:", CLIENTS),
     Mutant("mapping-chain-drops-tool-results", "openai/request.py",
            "self.add(Role.TOOL, result, name=tool, channel=channel, recipient=\"assistant\")", "pass",
            ("test_tools.py",)),

@@ -22,7 +22,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import Field, TypeAdapter
 
 import harmonykit as hk
-from engine import Engine, serving
+from engine import Engine, scripted, serving
 from harmonykit.server import Settings, create_app
 
 ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
@@ -100,9 +100,8 @@ def docs_sse() -> Iterator[tuple[Recorded, str]]:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[Engine, str]]:
-    eng = Engine(seed=9)
-    with serving(eng) as url:
-        yield eng, url
+    with scripted(9) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 import harmonykit as hk
-from engine import Engine, serving
+from engine import Engine, scripted, serving
 from harmonykit.server import Settings, create_app
 from harmonykit.tools import Toolbox
 from harmonykit.tools.browser.page import from_html
@@ -308,9 +308,8 @@ def test_python_refuses_to_start_without_its_sandbox(monkeypatch: pytest.MonkeyP
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[Engine, str]]:
-    eng = Engine(seed=5)
-    with serving(eng) as url:
-        yield eng, url
+    with scripted(5) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

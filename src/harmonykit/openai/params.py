@@ -87,20 +87,26 @@ def _check_bias(bias: Any) -> None:
                                f"logit_bias values must be numbers from -100 to 100, got {shown(v)}")
 
 
-def check_fields(request: Any, kind: str, *, stateful: bool = False) -> None:
-    """Reject unknown fields, wrong types and out-of-range values (``kind``: chat or responses;
-    ``stateful``: a store is there for ``previous_response_id``, ``conversation``, ``background``).
+def check_fields(request: Any, kind: str, *, stateful: bool = False) -> list[str]:
+    """Reject wrong types, out-of-range values and known fields that cannot be honoured
+    (``kind``: chat or responses; ``stateful``: a store is there for ``previous_response_id``,
+    ``conversation``, ``background``). Returns the fields it does not know, which are ignored:
+    clients send fields before the SDKs type them (the Codex CLI's ``client_metadata``).
 
     >>> check_fields({"messages": [], "temperature": 3}, "chat")
     Traceback (most recent call last):
     harmonykit.openai.errors.RequestError: temperature: temperature must be a number from 0 to 2, got 3
+    >>> check_fields({"input": "hi", "client_metadata": {}}, "responses")
+    ['client_metadata']
     """
     if not isinstance(request, dict):
         raise RequestError(None, "the request body must be a JSON object")
     known = CHAT_FIELDS if kind == "chat" else RESPONSES_FIELDS
+    ignored = []
     for key, value in request.items():
         if key not in known:
-            raise RequestError(key, f"unrecognized request argument supplied: {key}")
+            ignored.append(key)
+            continue
         if key in _UNSUPPORTED and value not in (None, False):
             raise RequestError(key, f"{key} {_UNSUPPORTED[key]}")
         if key in _STATEFUL and not stateful and value not in (None, False):
@@ -141,6 +147,23 @@ def check_fields(request: Any, kind: str, *, stateful: bool = False) -> None:
                            f"truncation must be 'auto' or 'disabled', got {shown(request['truncation'])}")
     if (request.get("n") or 1) > 1 and request.get("stream"):
         raise RequestError("n", "n > 1 is supported without streaming only")
+    include = request.get("include")
+    if kind == "responses" and include is not None:
+        if not isinstance(include, list):
+            raise RequestError("include", "include must be a list")
+        for i, value in enumerate(include):
+            if value not in INCLUDES:
+                raise RequestError(f"include[{i}]", f"unknown include value {shown(value)}; use one of "
+                                                    f"{', '.join(sorted(INCLUDES))}")
+    return ignored
+
+
+#: The ``include`` values of the Responses API (the SDK's ``ResponseIncludable``).
+INCLUDES = frozenset({
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
+    "message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content",
+    "web_search_call.action.sources", "web_search_call.results",
+})
 
 
 def sampling(request: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -377,7 +377,8 @@ class ResponsesStream(OutputStream):
         tool_choice = self.request.get("tool_choice", "auto")
         out: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created_at, "model": self.model,
-            "status": status, "output": output, "parallel_tool_calls": False,
+            "status": status, "output": output,
+            "parallel_tool_calls": self.request.get("parallel_tool_calls") is not False,
             "tool_choice": tool_choice if isinstance(tool_choice, (str, dict)) else "auto",
             "tools": _function_tools(self.request.get("tools")),
             "error": None, "incomplete_details": None, "instructions": self.request.get("instructions"),

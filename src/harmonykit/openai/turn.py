@@ -67,6 +67,8 @@ NOTE_KINDS: dict[str, str] = {
     "unknown_recipient": "a message to a recipient that is no tool, with no channel to show it by",
     "container_rebuilt": "a python container held elsewhere was rebuilt by running its earlier cells again",
     "browser_rebuilt": "a chain's browser pages held elsewhere were rebuilt by running its calls again",
+    "ignored_field": "(the gateway) a request field it does not know, ignored (clients send fields "
+                     "before SDKs type them)",
 }
 
 

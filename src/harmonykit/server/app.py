@@ -91,6 +91,7 @@ class Gateway(StatefulRoutes):
         self.metrics = Metrics()
         self.active = 0
         self._started = False
+        self._ignored_seen: set[str] = set()  # unknown request fields already logged
         try:
             self.toolbox = Toolbox(self.encoding, sandbox=settings.sandbox, browser=settings.browser,
                                    fetch_allow=settings.fetch_allow, mcp=settings.mcp,
@@ -119,6 +120,9 @@ class Gateway(StatefulRoutes):
         self._templates: list[tuple[str, str, re.Pattern[str], Route]] = [
             (method, template, _pattern(template), handler) for (method, template), handler in
             self.stateful_routes().items()]
+        # a model id may hold slashes (vLLM serves "openai/gpt-oss-20b")
+        self._templates.append(("GET", "/v1/models/{model}", re.compile(r"/v1/models/(?P<model>.+)"),
+                                self._model))
 
     # -- ASGI ----------------------------------------------------------------
 
@@ -168,6 +172,9 @@ class Gateway(StatefulRoutes):
             info["status"] = status
             info["ms"] = round((time.perf_counter() - t0) * 1000, 2)
             log.info("%s", _log_line(info))
+        elif route is None:  # an unknown URL: a log line (no metric label: they would be endless)
+            info.update(endpoint="(unknown)", method=method, path=path[:200], status=status)
+            log.info("%s", _log_line(info))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -214,6 +221,21 @@ class Gateway(StatefulRoutes):
         await _json_response(send, 200, data)
         return 200
 
+    async def _model(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
+        """One model, as ``/v1/models`` lists it; a model no engine serves is OpenAI's 404."""
+        self._authorize(scope)
+        name = scope["path_params"]["model"]
+        try:
+            data = await self.upstream.models()
+        except (UpstreamError, UpstreamRejected) as e:
+            raise HTTPError(502, e.message, code="upstream_error") from None
+        for model in data.get("data") or [] if isinstance(data, dict) else []:
+            if isinstance(model, dict) and model.get("id") == name:
+                await _json_response(send, 200, model)
+                return 200
+        raise HTTPError(404, f"The model '{name[:200]}' does not exist", param="model",
+                        code="model_not_found")
+
     async def _health(self, scope: Scope, receive: Receive, send: Send, info: dict[str, Any]) -> int:
         # From the background checks' state: a health probe never calls the engines itself, and
         # shows their addresses only to a client with the key (when one is set).
@@ -245,6 +267,8 @@ class Gateway(StatefulRoutes):
         # The body is read before a slot is taken, with a deadline: a client that sends nothing
         # holds no slot, and not for long.
         data = await self._read_body(scope, receive)
+        if self.settings.log_content:  # what came, as it came: a refused request is logged too
+            info["request"] = _loggable(data)
         if self.active >= self.settings.max_concurrency:
             raise HTTPError(429, f"the gateway is serving its maximum of {self.settings.max_concurrency} "
                                  "requests; retry shortly", code="concurrency_limit")
@@ -253,18 +277,18 @@ class Gateway(StatefulRoutes):
             self._bound(len(data))
             try:
                 request, tokens, own, mcp = await self._prepare(data, kind, owner)
-                grammar = harmony_grammar(request, mcp=mcp.namespaces if mcp else ()) \
-                    if self.settings.guided else None
-                if grammar is None:
-                    _check_tool_choice(request)
+                spaces = mcp.namespaces if mcp else ()
+                grammar = harmony_grammar(request, mcp=spaces) if self.settings.guided else None
+                if grammar is None and _forces_a_call(request):
+                    # one request held to its grammar, on an engine that can do that without --guided
+                    _check_tool_choice(self._grammar_problem())
+                    grammar = harmony_grammar(request, mcp=spaces)
                 job = Job(tokens, sampling(request, kind), output_limit(request, kind),
                           logprobs_wanted(request, kind), grammar)
             except RequestError as e:
                 raise HTTPError(400, e.message, param=e.param) from None
             except HarmonyError as e:  # text the tokenizer cannot take (a run of mixed whitespace)
                 raise HTTPError(400, str(e), param="messages" if kind == "chat" else "input") from None
-            if self.settings.log_content:
-                info["request"] = _redacted(request)
             info["prompt_tokens"] = len(job.prompt)
             self.metrics.tokens.labels("in").inc(len(job.prompt))
             agent = self._agent(request, owner, job, mcp) if kind == "responses" else None
@@ -298,6 +322,17 @@ class Gateway(StatefulRoutes):
         except RequestError as e:
             raise HTTPError(400, e.message, param=e.param) from None
 
+    def _grammar_problem(self) -> str | None:
+        """Why the engines cannot hold one request to a grammar (None: every one can)."""
+        for e in self.upstream.engines:
+            p = e.profile
+            if p is None:
+                return f"the engine at {e.url} cannot be shown to do (it is not recognised yet)"
+            why = p.guided or (p.version_problem(e.version) if p.version_problem and e.version else None)
+            if why:
+                return f"the engine at {e.url} cannot do ({why})"
+        return None
+
     def _check_hosted(self, request: dict[str, Any]) -> None:
         """A hosted tool this deployment does not run is a 400 naming the option that enables it."""
         tools = request.get("tools")
@@ -318,8 +353,7 @@ class Gateway(StatefulRoutes):
         everyone's streams."""
         stateful = self.state is not None
         if len(data) < LARGE:
-            request = _parse(data)
-            check_fields(request, kind, stateful=stateful)
+            request = self._known(_parse(data), kind, stateful)
             if kind == "responses":
                 self._check_hosted(request)
             own = request.get("input")
@@ -334,7 +368,7 @@ class Gateway(StatefulRoutes):
             request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
                 else _parse(data)
             del data
-            check_fields(request, kind, stateful=stateful)
+            request = self._known(request, kind, stateful)
             if kind == "responses":
                 self._check_hosted(request)
             own = request.get("input")
@@ -346,6 +380,18 @@ class Gateway(StatefulRoutes):
             tokens = await asyncio.to_thread(render_tokens, render, self.encoding, request,
                                              self.settings.log_content)
         return (*self._truncate(request, kind, tokens, spaces), own, mcp)
+
+    def _known(self, request: Any, kind: str, stateful: bool) -> dict[str, Any]:
+        """The request checked, less the fields this gateway does not know: those are ignored, each
+        logged once a process and noted in the answer's ``harmony`` field (``IGNORED``)."""
+        ignored = check_fields(request, kind, stateful=stateful)
+        if not ignored:
+            return request  # type: ignore[no-any-return]
+        for name in ignored:
+            if name not in self._ignored_seen and len(self._ignored_seen) < 1000:
+                self._ignored_seen.add(name)
+                log.info("%s", orjson.dumps({"ignored_field": name[:200], "endpoint": kind}).decode())
+        return {**{k: v for k, v in request.items() if k not in ignored}, IGNORED: ignored}
 
     async def _mcp(self, request: dict[str, Any], kind: str,
                    own: Any) -> tuple[dict[str, Any], McpTurn | None]:
@@ -460,6 +506,7 @@ class Gateway(StatefulRoutes):
                                          created_at=record.created_at if record else None)
             harmony = [out["harmony"]]
         completion = sum(len(p.ids) for p in pieces)
+        _note_ignored(request, harmony)
         self._count(info, completion, harmony)
         if record is not None:
             await self._finish(record, out)  # stored before the client sees it
@@ -487,6 +534,8 @@ class Gateway(StatefulRoutes):
                                          record.created_at if record else None)
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            if last:
+                _note_ignored(request, _harmony_of(events))
             body = b"".join([_frame(e, kind) for e in events])
             if last:
                 if agent is not None:
@@ -611,6 +660,7 @@ class Gateway(StatefulRoutes):
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
             if last:
+                _note_ignored(request, _harmony_of(events))
                 final.append(events[-1]["response"])
 
         out.feed([])
@@ -695,6 +745,8 @@ class Gateway(StatefulRoutes):
         writer = EventWriter(state.store, record.id)
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            if last:
+                _note_ignored(request, _harmony_of(events))
             frames = [(e["sequence_number"], _frame(e, "responses")) for e in events]
             writer.add(frames)
             if last:
@@ -886,6 +938,40 @@ class _EngineStep:
             yield rest
 
 
+IGNORED = "harmonykit.ignored_fields"  # where the request keeps the fields it came with that were ignored
+
+
+def _note_ignored(request: dict[str, Any], harmony: list[dict[str, Any]]) -> None:
+    """The ``ignored_field`` notes, in each choice's (or the response's) ``harmony`` field."""
+    for name in request.get(IGNORED) or ():
+        note = {"kind": "ignored_field", "detail": f"request field {name[:200]!r} is not known here; ignored",
+                "text": ""}
+        for h in harmony:
+            h.setdefault("notes", []).append(note)
+
+
+def _harmony_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``harmony`` fields of a stream's last events (the response's, or the choices')."""
+    out = []
+    for e in events:
+        if isinstance(e.get("response"), dict) and isinstance(e["response"].get("harmony"), dict):
+            out.append(e["response"]["harmony"])
+        for choice in e.get("choices") or []:
+            if isinstance(choice.get("harmony"), dict):
+                out.append(choice["harmony"])
+    return out
+
+
+def _loggable(data: bytes) -> Any:
+    """A request body as --log-content logs it: parsed, an MCP server's credentials left out;
+    a body that is not JSON, its first 2,000 characters."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data[:2000].decode("utf-8", "replace")
+    return _redacted(body) if isinstance(body, dict) else body
+
+
 def _redacted(request: dict[str, Any]) -> dict[str, Any]:
     """The request as --log-content logs it: an MCP server's credentials left out."""
     tools = request.get("tools")
@@ -942,13 +1028,17 @@ def _parse(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> Any:
 _RENDER: dict[str, Callable[..., Any]] = {"chat": render_chat_request, "responses": render_responses_request}
 
 
-def _check_tool_choice(request: dict[str, Any]) -> None:
-    """Without a grammar nothing can make the model call a tool: say so rather than ignore it."""
+def _forces_a_call(request: dict[str, Any]) -> bool:
     choice = request.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
+    return choice == "required" or isinstance(choice, dict)
+
+
+def _check_tool_choice(problem: str | None) -> None:
+    """Without a grammar nothing can make the model call a tool: say so rather than ignore it."""
+    if problem is not None:
         raise RequestError("tool_choice", "tool_choice 'required' or a named function needs guided decoding "
-                                          "to be honoured: start the gateway with --guided vllm or --guided "
-                                          "sglang, or send tool_choice 'auto'")
+                                          f"to be honoured, which {problem}; use vLLM 0.11+ or SGLang, or "
+                                          "send tool_choice 'auto'")
 
 
 def _feed(out: ChatCompletionStream | ResponsesStream, ids: list[int],

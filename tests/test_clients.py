@@ -1,0 +1,108 @@
+"""What real clients send that the gateway used to refuse (issue 25): fields it does not know,
+``tool_choice`` forcing a call without --guided, and the small things OpenAI does that clients
+lean on. Against the gateway on uvicorn with the scripted stand-in engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from engine import Engine, scripted, serving
+from harmonykit.server import Settings, create_app
+
+TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {
+    "q": {"type": "string"}}, "required": ["q"]}}]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[tuple[Engine, str]]:
+    with scripted(11) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def gw(engine: tuple[Engine, str]) -> Iterator[str]:
+    with serving(create_app(Settings(upstream=(engine[1],), store="none", log_content=True))) as url:
+        yield url
+
+
+def post(base: str, path: str, body: Any) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=60)
+
+
+def test_fields_nobody_typed_yet_are_ignored_noted_and_logged_once(gw: str,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="harmonykit.server"):
+        for _ in range(3):
+            r = post(gw, "/v1/responses", {"input": "say:hi", "client_metadata": {"x": 1}})
+            assert r.status_code == 200, r.text
+        chat = post(gw, "/v1/chat/completions", {"messages": [{"role": "user", "content": "say:hi"}],
+                                                 "future_field": True})
+    assert r.json()["output"][-1]["content"][0]["text"] == "hi"
+    notes = r.json()["harmony"]["notes"]
+    assert notes[0]["kind"] == "ignored_field" and "client_metadata" in notes[0]["detail"]
+    assert chat.status_code == 200 and chat.json()["choices"][0]["harmony"]["notes"][0]["kind"] == "ignored_field"
+    logged = [rec.getMessage() for rec in caplog.records if "ignored_field" in rec.getMessage()]
+    assert len(logged) == 2  # client_metadata once, future_field once
+
+
+def test_known_fields_that_cannot_be_honoured_stay_400s(gw: str) -> None:
+    r = post(gw, "/v1/responses", {"input": "hi", "prompt": {"id": "pmpt_1"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = post(gw, "/v1/responses", {"input": "hi", "include": ["message.output_text.logprobs", "nonsense.field"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include[1]"
+
+
+def test_parallel_tool_calls_is_echoed(gw: str) -> None:
+    c = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    assert c.responses.create(model="m", input="say:x").parallel_tool_calls is True
+    assert c.responses.create(model="m", input="say:x", parallel_tool_calls=False).parallel_tool_calls is False
+
+
+def test_one_model_by_id(gw: str) -> None:
+    c = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    listed = c.models.list().data[0]
+    assert c.models.retrieve(listed.id).id == listed.id
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("org/no-such-model")
+    assert e.value.code == "model_not_found"
+
+
+def test_log_content_logs_refused_requests_and_unknown_urls(gw: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="harmonykit.server"):
+        assert post(gw, "/v1/responses", {"input": 5, "marker": "refused-1"}).status_code == 400
+        assert httpx.get(gw + "/v1/nowhere/at/all", timeout=30).status_code == 404
+    lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.getMessage().startswith("{")]
+    refused = next(line for line in lines if line.get("status") == 400)
+    assert refused["request"]["marker"] == "refused-1"
+    unknown = next(line for line in lines if line.get("path") == "/v1/nowhere/at/all")
+    assert unknown["status"] == 404 and unknown["endpoint"] == "(unknown)"
+
+
+def test_tool_choice_required_holds_one_request_to_its_grammar_without_guided(
+        engine: tuple[Engine, str], gw: str) -> None:
+    """smolagents' default: the SGLang stand-in is sent that request's grammar (no --guided)."""
+    from harmonykit.grammar import harmony_grammar
+
+    eng, _ = engine
+    body = {"model": "m", "input": "say:x", "tools": TOOLS, "tool_choice": "required"}
+    r = post(gw, "/v1/responses", body)
+    assert r.status_code == 200, r.text
+    assert eng.requests[-1]["ebnf"] == harmony_grammar(body)
+    plain = post(gw, "/v1/responses", {**body, "tool_choice": "auto"})
+    assert plain.status_code == 200 and "ebnf" not in eng.requests[-1]
+
+
+def test_tool_choice_required_on_an_engine_that_cannot_is_a_400_saying_why(engine: tuple[Engine, str]) -> None:
+    with serving(create_app(Settings(upstream=(engine[1],), store="none", engine="llamacpp"))) as url:
+        r = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                               "tools": [{"type": "function", "function": TOOLS[0]}],
+                                               "tool_choice": "required"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "guided" in message and "llama" in message.lower()
