@@ -13,9 +13,11 @@ import httpx
 import openai
 import pytest
 
+import harmonykit as hk
 from engine import Engine, scripted, serving
 from harmonykit.server import Settings, create_app
 
+ENC = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
 TOOLS = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {
     "q": {"type": "string"}}, "required": ["q"]}}]
 
@@ -106,3 +108,32 @@ def test_tool_choice_required_on_an_engine_that_cannot_is_a_400_saying_why(engin
                                                "tool_choice": "required"})
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and "guided" in message and "llama" in message.lower()
+
+
+def test_item_references_resolve_from_the_store(engine: tuple[Engine, str], store_url: str) -> None:
+    """The Vercel AI SDK's second step refers to the first step's reasoning by id: the engine
+    sees that reasoning in the prompt; an id that is no stored item of this key is a 400."""
+    eng, up = engine
+    with serving(create_app(Settings(upstream=(up,), store=store_url, api_key=("key-a", "key-b")))) as url:
+        a = openai.OpenAI(base_url=url + "/v1", api_key="key-a", max_retries=0)
+        user = {"role": "user", "content": 'call:lookup:{"q": "x"}'}
+        first = a.responses.create(model="m", input=[user], tools=TOOLS)
+        reasoning = next(i for i in first.output if i.type == "reasoning")
+        call = next(i for i in first.output if i.type == "function_call")
+        second = [user, {"type": "item_reference", "id": reasoning.id},
+                  {"type": "function_call", "call_id": call.call_id, "name": "lookup", "arguments": call.arguments},
+                  {"type": "function_call_output", "call_id": call.call_id, "output": "found"}]
+        r = a.responses.create(model="m", input=second, tools=TOOLS)
+        assert r.output_text == "tool said found"
+        prompt = ENC.decode(eng.requests[-1]["prompt"])
+        assert "<|channel|>analysis<|message|>Call lookup.<|end|>" in prompt
+        for key, ref in (("key-a", "rs_nosuchitem"), ("key-b", reasoning.id)):
+            bad = httpx.post(url + "/v1/responses", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                             json={"model": "m", "tools": TOOLS, "input": [user, {"type": "item_reference", "id": ref}]})
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "item_not_found"
+
+
+def test_item_references_without_a_store_say_what_to_send(gw: str) -> None:
+    r = post(gw, "/v1/responses", {"input": [{"role": "user", "content": "hi"},
+                                             {"type": "item_reference", "id": "rs_1"}]})
+    assert r.status_code == 400 and "--store none" in r.json()["error"]["message"]

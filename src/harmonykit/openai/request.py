@@ -792,6 +792,10 @@ def read_responses_request(encoding: HarmonyEncoding, request: dict[str, Any], *
             _mcp_approval(b, item, param)
         elif kind == "mcp_list_tools":
             pass  # the listing declares the server's tools (the gateway reads it); nothing to render
+        elif kind == "item_reference":
+            raise RequestError(f"{param}.type", "an item_reference names an item of a stored response: "
+                                                "it needs the gateway's store (this one runs with --store "
+                                                "none); send the item itself")
         elif kind == "function_call_output":
             name = b.call_name(item.get("call_id"), f"{param}.call_id")
             b.cached(item, name, _tool_result, item.get("output"), f"{param}.output", name)

@@ -160,6 +160,7 @@ class State:
         """The request with its history in front of its input: the chain of
         ``previous_response_id`` (each response's input, then its output), or the items of
         ``conversation``. ``instructions`` and tools stay the request's own."""
+        request = await self._references(request, owner)
         previous, conversation = request.get("previous_response_id"), request.get("conversation")
         if previous is None and conversation is None:
             return request
@@ -184,6 +185,25 @@ class State:
         if isinstance(new, str):
             new = [{"role": "user", "content": new}]
         return {**request, "input": history + list(new or [])}
+
+    async def _references(self, request: dict[str, Any], owner: str) -> dict[str, Any]:
+        """``item_reference`` input items replaced by the stored items they name (the owner's)."""
+        items = request.get("input")
+        if not isinstance(items, list) or not any(
+                isinstance(i, dict) and i.get("type") == "item_reference" for i in items):
+            return request
+        out = []
+        for n, item in enumerate(items):
+            if isinstance(item, dict) and item.get("type") == "item_reference":
+                ref = item.get("id")
+                found = await self.store.item(owner, ref) if isinstance(ref, str) and ref else None
+                if found is None:
+                    raise HTTPError(400, f"no stored item has id {ref!r} (an item_reference names an item of "
+                                         "a stored response)", param=f"input[{n}].id", code="item_not_found")
+                out.append(found)
+            else:
+                out.append(item)
+        return {**request, "input": out}
 
     async def _chain_items(self, rid: str, owner: str) -> list[dict[str, Any]]:
         chain = await self.store.chain(owner, rid)

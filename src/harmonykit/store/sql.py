@@ -74,6 +74,12 @@ _SCHEMA = [
         conversation_id TEXT NOT NULL, pos INTEGER NOT NULL, id TEXT NOT NULL, item TEXT NOT NULL,
         PRIMARY KEY (conversation_id, pos))""",
     """CREATE UNIQUE INDEX IF NOT EXISTS hk_items_id ON hk_items (conversation_id, id)""",
+    # Which stored response holds an item (its input or output), by the item's id: what an
+    # item_reference resolves (the Vercel AI SDK refers to earlier reasoning items so).
+    """CREATE TABLE IF NOT EXISTS hk_refs (
+        owner TEXT NOT NULL, item_id TEXT NOT NULL, response_id TEXT NOT NULL,
+        PRIMARY KEY (owner, item_id))""",
+    """CREATE INDEX IF NOT EXISTS hk_refs_response ON hk_refs (response_id)""",
 ]
 
 _RESPONSE_COLUMNS = (
@@ -318,6 +324,10 @@ class Store:
         """The response and those it continues, oldest first (stops at a missing link)."""
         return await self._read(_chain, owner, rid, time.time())
 
+    async def item(self, owner: str, item_id: str) -> dict[str, Any] | None:
+        """An item of one of the owner's stored responses (its input or output), by its id."""
+        return await self._read(_item, owner, item_id, time.time())
+
     async def delete_response(self, owner: str, rid: str) -> bool:
         return await self._run(_delete_response, owner, rid, time.time())
 
@@ -423,6 +433,28 @@ def _insert_response(
     )
     if r.conversation_id is not None and items:
         _append(tx, r.owner, r.conversation_id, items, expires)
+    _index(tx, r.owner, r.id, [*r.input, *(r.body.get("output") or [])])
+
+
+def _index(tx: Tx, owner: str, rid: str, items: list[Any]) -> None:
+    """Note which response holds each of these items (by id), for item_reference."""
+    ids = {i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)}
+    if ids:
+        tx.many("INSERT INTO hk_refs (owner, item_id, response_id) VALUES (?,?,?) "
+                "ON CONFLICT (owner, item_id) DO UPDATE SET response_id = excluded.response_id",
+                [(owner, i, rid) for i in sorted(ids)])
+
+
+def _item(tx: Tx, owner: str, item_id: str, now: float) -> dict[str, Any] | None:
+    row = tx.one("SELECT r.input, r.output FROM hk_refs f JOIN hk_responses r ON r.id = f.response_id "
+                 "WHERE f.owner = ? AND f.item_id = ? AND r.owner = ? AND r.expires_at > ?",
+                 (owner, item_id, owner, now))
+    if row is None:
+        return None
+    for item in [*orjson.loads(row[0]), *orjson.loads(row[1])]:
+        if isinstance(item, dict) and item.get("id") == item_id:
+            return dict(item)
+    return None
 
 
 def _finish_response(
@@ -459,6 +491,7 @@ def _finish_response(
     )
     if conversation is not None and items and not cancelled:
         _append(tx, owner, conversation, items, expires)
+    _index(tx, owner, rid, body.get("output") or [])
     return not cancelled
 
 
@@ -520,6 +553,7 @@ def _delete_response(tx: Tx, owner: str, rid: str, now: float) -> bool:
     ):
         return False
     tx.run("DELETE FROM hk_events WHERE response_id = ?", (rid,))
+    tx.run("DELETE FROM hk_refs WHERE response_id = ?", (rid,))
     return True
 
 
@@ -567,6 +601,10 @@ def _sweep(tx: Tx, now: float) -> tuple[int, int]:
     tx.run(
         "DELETE FROM hk_events WHERE NOT EXISTS "
         "(SELECT 1 FROM hk_responses r WHERE r.id = hk_events.response_id)"
+    )
+    tx.run(
+        "DELETE FROM hk_refs WHERE NOT EXISTS "
+        "(SELECT 1 FROM hk_responses r WHERE r.id = hk_refs.response_id)"
     )
     tx.run(
         "DELETE FROM hk_items WHERE conversation_id IN "
