@@ -137,3 +137,29 @@ def test_item_references_without_a_store_say_what_to_send(gw: str) -> None:
     r = post(gw, "/v1/responses", {"input": [{"role": "user", "content": "hi"},
                                              {"type": "item_reference", "id": "rs_1"}]})
     assert r.status_code == 400 and "--store none" in r.json()["error"]["message"]
+
+
+def test_namespace_tools_both_ways(gw: str, engine: tuple[Engine, str]) -> None:
+    """The Codex CLI's namespace tools: declared as a harmony namespace, the model's NS.TOOL
+    call returned as a function_call with its namespace, streamed too, and rendered back."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    crm = {"type": "namespace", "name": "crm", "description": "The CRM.", "tools": [
+        {"type": "function", "name": "lookup", "description": "Find a customer.",
+         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}]}
+    script = ('agent:<<channel>>commentary to=crm.lookup <<constrain>>json<<message>>{"q": "bob"}<<call>> ||| '
+              "<<channel>>final<<message>>read: <<result>><<return>>")
+    c = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    events = [TypeAdapter(ResponseStreamEvent).validate_python(e.model_dump(mode="json"))
+              for e in c.responses.create(model="m", input=script, tools=[crm], stream=True)]
+    call = events[-1].response.output[-1]
+    assert (call.type, call.name, call.namespace) == ("function_call", "lookup", "crm")
+    prompt = ENC.decode(engine[0].requests[-1]["prompt"])
+    assert "namespace crm {" in prompt and "type lookup = (_: {" in prompt
+    again = c.responses.create(model="m", tools=[crm], input=[
+        {"role": "user", "content": script}, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "bob!"}])
+    assert again.output_text == "read: bob!"
+    assert "<|start|>crm.lookup to=assistant<|channel|>commentary<|message|>bob!<|end|>" in \
+        ENC.decode(engine[0].requests[-1]["prompt"])

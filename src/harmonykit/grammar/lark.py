@@ -17,7 +17,7 @@ from ..cache import PartsCache
 from ..openai.errors import RequestError, shown
 from ..openai.hosted import ORDER, McpNamespace, namespace_of
 from ..openai.names import ToolNames, identifier
-from ..openai.request import api_of
+from ..openai.request import api_of, client_namespaces
 from ..openai.schema import check_schema
 
 # A text region: any text (llguidance's text never holds a special token); its lexemes
@@ -53,6 +53,8 @@ def turn_of(request: dict[str, Any], mcp: tuple[McpNamespace, ...] = ()) -> Turn
         if ns is not None:  # a Responses hosted tool: gpt-oss's built-in python or browser
             found.add(ns)
             continue
+        if isinstance(spec, dict) and spec.get("type") == "namespace":  # read below, as MCP servers' are
+            continue
         fn = spec.get("function") if isinstance(spec, dict) and "function" in spec else spec
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RequestError(f"tools[{i}]", "a function tool needs a non-empty string name")
@@ -66,7 +68,9 @@ def turn_of(request: dict[str, Any], mcp: tuple[McpNamespace, ...] = ()) -> Turn
     rendered = dict(zip(names.declared, names.rendered, strict=True))
     tools = [(rendered[n], schema) for n, schema in declared]
     builtins = tuple(ns for ns in ORDER if ns in found)
-    servers = [(ns.label, f"{ns.rendered}.{identifier(n)}", s) for ns in mcp for n, _, s in ns.tools]
+    spaces = (*client_namespaces(raw_tools), *mcp) if kind == "responses" else mcp
+    servers = [(ns.label, f"{ns.rendered}.{identifier(n)}", s or {"type": "object"})
+               for ns in spaces for n, _, s in ns.tools]
     choice = request.get("tool_choice", "auto")
     final = True
     if choice == "none":

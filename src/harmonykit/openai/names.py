@@ -113,6 +113,12 @@ def declared_names(request: dict[str, Any] | None) -> ToolNames:
     tools = request.get("tools") if isinstance(request, dict) else None
     names: list[str] = []
     for t in tools if isinstance(tools, list) else []:
+        if isinstance(t, dict) and t.get("type") == "namespace":  # its tools are NS.TOOL
+            inner = t.get("tools")
+            for fn in inner if isinstance(inner, list) and isinstance(t.get("name"), str) else []:
+                if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                    names.append(f"{t['name']}.{fn['name']}")
+            continue
         fn = t.get("function") if isinstance(t, dict) and isinstance(t.get("function"), dict) else t
         if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
             names.append(fn["name"])

@@ -152,12 +152,47 @@ def _read_tool(spec: Any, param: str, nested: bool) -> _Tool:
 
 
 def _read_tools(tools: Any, nested: bool) -> tuple[_Tool, ...]:
-    """The function tools (Responses' hosted tools are read by ``_hosted``)."""
+    """The function tools (Responses' hosted tools are read by ``_hosted``, namespaces by
+    ``client_namespaces``)."""
     if tools is None:
         return ()
     if not isinstance(tools, list):
         raise RequestError("tools", "tools must be a list")
-    return tuple([_tool(t, i, nested) for i, t in enumerate(tools) if nested or namespace_of(t) is None])
+    return tuple([_tool(t, i, nested) for i, t in enumerate(tools)
+                  if nested or (namespace_of(t) is None and not _is_namespace(t))])
+
+
+def _is_namespace(spec: Any) -> bool:
+    return isinstance(spec, dict) and spec.get("type") == "namespace"
+
+
+def _recipient(rendered: str) -> str:
+    """Where a call goes (and whom its result is from): ``functions.NAME``, or ``NS.TOOL`` (a
+    function's identifier never holds a dot)."""
+    return rendered if "." in rendered else f"functions.{rendered}"
+
+
+def client_namespaces(tools: Any) -> tuple[McpNamespace, ...]:
+    """A Responses request's ``namespace`` tools (the Codex CLI's), checked: each a namespace of
+    function tools, declared as harmony declares namespaces (the model calls ``NS.TOOL``)."""
+    out = []
+    for i, spec in enumerate(tools if isinstance(tools, list) else []):
+        if not _is_namespace(spec):
+            continue
+        name, description, inner = spec.get("name"), spec.get("description"), spec.get("tools")
+        if not isinstance(name, str) or not name or identifier(name) != name:
+            raise RequestError(f"tools[{i}].name", "a namespace needs a name of letters, digits, _ or -, "
+                                                   f"got {shown(name)}")
+        if description is not None and not isinstance(description, str):
+            raise RequestError(f"tools[{i}].description", "description must be a string")
+        if not isinstance(inner, list):
+            raise RequestError(f"tools[{i}].tools", "a namespace needs a list of tools")
+        listed = []
+        for j, t in enumerate(inner):
+            read = _read_tool(t, f"tools[{i}].tools[{j}]", False)
+            listed.append((read.declared, t.get("description") or "", t.get("parameters")))
+        out.append(McpNamespace(name, description, tuple(listed)))
+    return tuple(out)
 
 
 #: Hosted tools -> their namespaces as harmony declares them (a deployment passes its own texts).
@@ -375,11 +410,14 @@ class _Builder:
             channel = "commentary" if calls else "final"
             self.add(Role.ASSISTANT, content, channel=channel)
         for call_id, name, arguments in calls:
-            rendered = identifier(name)  # as the prompt declared it
-            self.call_names[call_id] = rendered
-            self._calls.append((call_id, rendered))
-            self.add(Role.ASSISTANT, arguments, channel="commentary", recipient=f"functions.{rendered}",
-                     content_type="<|constrain|>json")
+            self.call(call_id, identifier(name), arguments)  # as the prompt declared it
+
+    def call(self, call_id: str, rendered: str, arguments: str) -> None:
+        """A call of ``rendered`` (a function's identifier, or a namespace's ``NS.TOOL``)."""
+        self.call_names[call_id] = rendered
+        self._calls.append((call_id, rendered))
+        self.add(Role.ASSISTANT, arguments, channel="commentary", recipient=_recipient(rendered),
+                 content_type="<|constrain|>json")
 
     def builtin_call(self, item: dict[str, Any], param: str) -> None:
         """A built-in tool call the gateway emitted (``web_search_call``, ``code_interpreter_call``),
@@ -426,7 +464,7 @@ class _Builder:
         return name
 
     def tool_result(self, name: str, output: str) -> None:
-        self.add(Role.TOOL, output, name=f"functions.{name}", channel="commentary", recipient="assistant")
+        self.add(Role.TOOL, output, name=_recipient(name), channel="commentary", recipient="assistant")
 
 
 @dataclass
@@ -533,6 +571,8 @@ def _head(encoding: HarmonyEncoding, api: str, effort: ReasoningEffort, instruct
     nested = api == "chat"  # where a tool and a response format keep their fields
     entries = _read_tools(tools, nested)
     hosted = () if nested else _hosted(tools, hosted_texts)
+    if not nested:
+        mcp = client_namespaces(tools) + mcp  # the client's namespaces, then its MCP servers
     extras = (tool_choice, fmt)
     data = b"" if extras == (None, None) else parts_key(extras)  # None: not JSON, not kept
     key = None if data is None else (id(encoding), api, effort, tuple(instructions), compact_key(data),
@@ -884,4 +924,9 @@ def _function_call(b: _Builder, item: dict[str, Any], param: str, reasoning: str
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
         raise RequestError(param, "a function_call needs string call_id, name and arguments")
+    space = item.get("namespace")
+    if isinstance(space, str) and space:  # a tool of a namespace: called as NS.TOOL
+        b.assistant(reasoning, "", [])
+        b.call(call_id, f"{identifier(space)}.{identifier(name)}", arguments)
+        return
     b.assistant(reasoning, "", [(call_id, name, arguments)])

@@ -41,6 +41,8 @@ class _Items:
         # whether an MCP call waits for the client's approval (its item is then the request for it)
         self.needs_approval: Callable[[dict[str, Any]], bool] | None = None
         self.pending: dict[str, Any] | None = None
+        # the request's namespace tools: a call of NS.TOOL is the client's, returned with its namespace
+        self.spaces: set[str] = set()
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -65,6 +67,9 @@ class _Items:
             call = self.turn.calls[key]
             item: dict[str, Any] = {"id": new_id("fc"), "type": "function_call", "call_id": call.id,
                                     "name": call.name, "arguments": "", "status": "in_progress"}
+            space, dot, name = call.name.partition(".")
+            if dot and space in self.spaces:  # a tool of one of the request's namespaces
+                item["name"], item["namespace"] = name, space
         elif kind == "code":
             item = {"id": new_id("ci"), "type": "code_interpreter_call", "code": "",
                     "container_id": self.container_id, "outputs": None, "status": "in_progress"}
@@ -288,6 +293,9 @@ def _function_tools(tools: Any) -> list[dict[str, Any]]:
     and hosted tools as the request gave them."""
     out = []
     for t in tools if isinstance(tools, list) else []:
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            out.append(dict(t))
+            continue
         if namespace_of(t) is not None:  # as given, less the secrets an MCP server is reached with
             out.append({k: v for k, v in t.items() if k not in ("headers", "authorization")})
             continue
@@ -332,6 +340,9 @@ class ResponsesStream(OutputStream):
         self._prelude = prelude or []  # items made before the first step (MCP listings, approved calls)
         self.created_at = created_at if created_at is not None else time.time()
         self._items = _Items(self.turn)
+        tools = self.request.get("tools")
+        self._items.spaces = {t["name"] for t in tools if isinstance(t, dict) and t.get("type") == "namespace"
+                              and isinstance(t.get("name"), str)} if isinstance(tools, list) else set()
         self.steps: list[Turn] = []  # the turns before this one, when the gateway ran tools between
         self._step_prompts = 0  # their prompts' tokens
 
