@@ -240,6 +240,8 @@ MUTANTS += [
     Mutant("clients-namespace-result-as-function", "openai/request.py",
            'return rendered if "." in rendered else f"functions.{rendered}"', 'return f"functions.{rendered}"',
            CLIENTS),
+    Mutant("clients-encrypted-reasoning-not-restored", "server/app.py",
+           'item["content"] = [{"type": "reasoning_text", "text": text}]', "pass", CLIENTS),
     Mutant("clients-include-unchecked", "openai/params.py", "if value not in INCLUDES:", "if False:", CLIENTS),
     Mutant("mapping-chain-drops-tool-results", "openai/request.py",
            "self.add(Role.TOOL, result, name=tool, channel=channel, recipient=\"assistant\")", "pass",

@@ -163,3 +163,53 @@ def test_namespace_tools_both_ways(gw: str, engine: tuple[Engine, str]) -> None:
     assert again.output_text == "read: bob!"
     assert "<|start|>crm.lookup to=assistant<|channel|>commentary<|message|>bob!<|end|>" in \
         ENC.decode(engine[0].requests[-1]["prompt"])
+
+
+def test_encrypted_reasoning_keeps_the_chain_of_thought_without_a_store(
+        engine: tuple[Engine, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """store: false with include reasoning.encrypted_content (the Vercel AI SDK, Codex): the
+    reasoning comes back sealed, is opened when sent back, and the engine sees it; an altered
+    blob, or one sent with another key, is a 400."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    eng, up = engine
+    with serving(create_app(Settings(upstream=(up,), store="none", api_key=("key-a", "key-b")))) as url:
+        a = openai.OpenAI(base_url=url + "/v1", api_key="key-a", max_retries=0)
+        user = {"role": "user", "content": 'call:lookup:{"q": "x"}'}
+        for stream in (False, True):
+            body: dict[str, Any] = {"model": "m", "input": [user], "tools": TOOLS, "store": False,
+                                    "include": ["reasoning.encrypted_content"]}
+            first = list(a.responses.create(**body, stream=True))[-1].response if stream else \
+                a.responses.create(**body)
+            reasoning = next(i for i in first.output if i.type == "reasoning")
+            assert reasoning.encrypted_content and "Call lookup" not in reasoning.encrypted_content
+            call = next(i for i in first.output if i.type == "function_call")
+            sent_back = {"type": "reasoning", "id": reasoning.id, "summary": [],
+                         "encrypted_content": reasoning.encrypted_content}
+            second = [user, sent_back, call.model_dump(exclude_none=True),
+                      {"type": "function_call_output", "call_id": call.call_id, "output": "found"}]
+            r = a.responses.create(model="m", input=second, tools=TOOLS, store=False)
+            assert r.output_text == "tool said found"
+            assert "<|channel|>analysis<|message|>Call lookup.<|end|>" in ENC.decode(eng.requests[-1]["prompt"])
+        altered = {**sent_back, "encrypted_content": sent_back["encrypted_content"][:-4] + "AAAA"}
+        for key, item in (("key-a", altered), ("key-b", sent_back)):
+            bad = httpx.post(url + "/v1/responses", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                             json={"model": "m", "tools": TOOLS, "input": [user, item]})
+            assert bad.status_code == 400 and "encrypted_content" in bad.json()["error"]["param"], bad.text
+    key_file = tmp_path / "harmonykit" / "state.key"
+    assert key_file.exists() and oct(key_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_replicas_sharing_a_state_key_open_each_others_reasoning(engine: tuple[Engine, str]) -> None:
+    import base64
+
+    key = base64.b64encode(bytes(range(32))).decode()
+    user = {"role": "user", "content": 'call:lookup:{"q": "x"}'}
+    body = {"model": "m", "input": [user], "tools": TOOLS, "store": False, "include": ["reasoning.encrypted_content"]}
+    with serving(create_app(Settings(upstream=(engine[1],), store="none", state_key=key))) as a, \
+            serving(create_app(Settings(upstream=(engine[1],), store="none", state_key=key))) as b:
+        first = post(a, "/v1/responses", body).json()
+        reasoning = next(i for i in first["output"] if i["type"] == "reasoning")
+        item = {"type": "reasoning", "summary": [], "encrypted_content": reasoning["encrypted_content"]}
+        assert post(b, "/v1/responses", {"model": "m", "input": [user, item]}).status_code == 200
+    with pytest.raises(ValueError, match="--state-key"):
+        Settings(upstream=(engine[1],), store="none", state_key="c2hvcnQ=")

@@ -479,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("--mcp-server", action="append", metavar="URL",
                        help="the only MCP server URLs (prefixes) requests may name; repeatable "
                             f"[{env}MCP_SERVER, comma-separated]")
+    p.add_argument("--state-key", metavar="BASE64",
+                   help="the key reasoning.encrypted_content is sealed with (32 bytes, base64; give every "
+                        "replica the same); default: one made once and kept in the data directory "
+                        f"[{env}STATE_KEY]")
     tools.add_argument("--mcp-timeout", type=float, metavar="SECONDS",
                        help=f"seconds an MCP tool call may take (default 60) [{env}MCP_TIMEOUT]")
     p.set_defaults(func=cmd_serve)

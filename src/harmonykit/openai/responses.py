@@ -40,6 +40,8 @@ class _Items:
         self.annotate: Callable[[str], list[dict[str, Any]]] | None = None
         # whether an MCP call waits for the client's approval (its item is then the request for it)
         self.needs_approval: Callable[[dict[str, Any]], bool] | None = None
+        # include reasoning.encrypted_content: how a reasoning item's text is sealed for the client
+        self.seal: Callable[[str], str] | None = None
         self.pending: dict[str, Any] | None = None
         # the request's namespace tools: a call of NS.TOOL is the client's, returned with its namespace
         self.spaces: set[str] = set()
@@ -127,6 +129,8 @@ class _Items:
         else:
             part = item["content"][0]
             part["text"] = text
+            if item["type"] == "reasoning" and self.seal is not None:
+                item["encrypted_content"] = self.seal(text)
             if item["type"] == "reasoning":
                 out.append(self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                                       content_index=0, text=text))

@@ -52,6 +52,7 @@ from .engines import Job
 from .errors import HTTPError
 from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_only
 from .metrics import Metrics
+from .sealed import Sealer, SealError, state_key
 from .settings import Settings
 from .state import EventWriter, Live, State, owner_of, unavailable
 from .stateful import Receive, Route, Scope, Send, StatefulRoutes, json_response
@@ -92,6 +93,7 @@ class Gateway(StatefulRoutes):
         self.active = 0
         self._started = False
         self._ignored_seen: set[str] = set()  # unknown request fields already logged
+        self._seal: Sealer | None = None  # made when a request first asks for encrypted reasoning
         try:
             self.toolbox = Toolbox(self.encoding, sandbox=settings.sandbox, browser=settings.browser,
                                    fetch_allow=settings.fetch_allow, mcp=settings.mcp,
@@ -353,7 +355,7 @@ class Gateway(StatefulRoutes):
         everyone's streams."""
         stateful = self.state is not None
         if len(data) < LARGE:
-            request = self._known(_parse(data), kind, stateful)
+            request = self._opened(self._known(_parse(data), kind, stateful), owner)
             if kind == "responses":
                 self._check_hosted(request)
             own = request.get("input")
@@ -368,7 +370,7 @@ class Gateway(StatefulRoutes):
             request = await asyncio.to_thread(_parse, data, loads_in_pieces) if len(data) >= PIECES_FROM \
                 else _parse(data)
             del data
-            request = self._known(request, kind, stateful)
+            request = self._opened(self._known(request, kind, stateful), owner)
             if kind == "responses":
                 self._check_hosted(request)
             own = request.get("input")
@@ -392,6 +394,41 @@ class Gateway(StatefulRoutes):
                 self._ignored_seen.add(name)
                 log.info("%s", orjson.dumps({"ignored_field": name[:200], "endpoint": kind}).decode())
         return {**{k: v for k, v in request.items() if k not in ignored}, IGNORED: ignored}
+
+    def _sealer(self) -> Sealer:
+        if self._seal is None:
+            from ..store import data_dir
+
+            self._seal = Sealer(state_key(self.settings.state_key, data_dir()))
+        return self._seal
+
+    def _opened(self, request: dict[str, Any], owner: str) -> dict[str, Any]:
+        """Reasoning items sent back with their ``encrypted_content``, opened (the model's chain of
+        thought restored); a blob that fails its check is a 400. The owner is kept with the request,
+        for sealing the new ones."""
+        request[OWNER] = owner
+        items = request.get("input")
+        if not isinstance(items, list) or not any(isinstance(i, dict) and i.get("type") == "reasoning"
+                                                  and i.get("encrypted_content") for i in items):
+            return request
+        out = []
+        for n, item in enumerate(items):
+            if isinstance(item, dict) and item.get("type") == "reasoning" and item.get("encrypted_content"):
+                try:
+                    text = self._sealer().open(item["encrypted_content"], owner)
+                except SealError as e:
+                    raise RequestError(f"input[{n}].encrypted_content", str(e)) from None
+                item = {k: v for k, v in item.items() if k != "encrypted_content"}
+                item["content"] = [{"type": "reasoning_text", "text": text}]
+            out.append(item)
+        return {**request, "input": out}
+
+    def _seal_hook(self, request: dict[str, Any]) -> Callable[[str], str] | None:
+        include = request.get("include")
+        if not isinstance(include, list) or "reasoning.encrypted_content" not in include:
+            return None
+        sealer, owner = self._sealer(), str(request.get(OWNER) or "")
+        return lambda text: sealer.seal(text, owner)
 
     async def _mcp(self, request: dict[str, Any], kind: str,
                    own: Any) -> tuple[dict[str, Any], McpTurn | None]:
@@ -457,6 +494,7 @@ class Gateway(StatefulRoutes):
                               mcp=mcp.namespaces if mcp else (), prelude=list(mcp.prelude) if mcp else None)
         if agent is not None:
             agent.attach(out)
+        out.items.seal = self._seal_hook(request)
         return out
 
     async def _whole(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
@@ -505,6 +543,11 @@ class Gateway(StatefulRoutes):
                                          id=record.id if record else None,
                                          created_at=record.created_at if record else None)
             harmony = [out["harmony"]]
+            seal = self._seal_hook(request)
+            if seal is not None:
+                for item in out["output"]:
+                    if item["type"] == "reasoning":
+                        item["encrypted_content"] = seal(item["content"][0]["text"])
         completion = sum(len(p.ids) for p in pieces)
         _note_ignored(request, harmony)
         self._count(info, completion, harmony)
@@ -939,6 +982,7 @@ class _EngineStep:
 
 
 IGNORED = "harmonykit.ignored_fields"  # where the request keeps the fields it came with that were ignored
+OWNER = "harmonykit.owner"  # whose request it is (reasoning is sealed for that owner alone)
 
 
 def _note_ignored(request: dict[str, Any], harmony: list[dict[str, Any]]) -> None:

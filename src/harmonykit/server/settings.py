@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from .engines import PROFILES
@@ -59,6 +60,9 @@ class Settings:
     mcp: bool = False  # Responses' mcp tools: the gateway reaches the MCP servers requests name
     mcp_server: tuple[str, ...] = ()  # when given, the only server URLs (prefixes) requests may name
     mcp_timeout: float = 60.0  # seconds an MCP tool call may take
+    # seals reasoning.encrypted_content (base64 of 32 bytes; replicas share it); None: one kept in
+    # the data directory
+    state_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.upstream:
@@ -100,6 +104,10 @@ class Settings:
         for name in ("python_timeout", "python_memory_mb", "python_procs", "mcp_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.state_key is not None:
+            from .sealed import state_key
+
+            state_key(self.state_key, Path("."))  # checked now: a bad key stops the gateway at startup
         if self.python_sandbox not in ("bwrap", "none"):
             raise ValueError(f"python_sandbox must be bwrap or none, got {self.python_sandbox!r}")
         from ..tools.net import parse_allow

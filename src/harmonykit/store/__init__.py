@@ -51,10 +51,14 @@ BACKENDS: dict[str, str] = {
 }
 
 
+def data_dir() -> Path:
+    """The user's data directory for harmonykit: $XDG_DATA_HOME/harmonykit (~/.local/share/...)."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "harmonykit"
+
+
 def default_store_url() -> str:
-    """``sqlite:///`` a file under the user's data directory ($XDG_DATA_HOME/harmonykit)."""
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return f"sqlite:///{base / 'harmonykit' / 'store.db'}"
+    """``sqlite:///`` a file under the user's data directory (``data_dir()``)."""
+    return f"sqlite:///{data_dir() / 'store.db'}"
 
 
 def check_store_url(url: str) -> str | None:
