@@ -507,3 +507,31 @@ def test_an_mcp_call_runs_on_vllm(gw_mcp: str, mcp_echo: tuple[list[str], str]) 
     call = next(i for i in final.output if i.type == "mcp_call")
     assert call.output == f"echo: {json.loads(call.arguments)['text']}" and calls
     assert (final.model_extra or {})["harmony"].get("steps", 1) >= 2
+
+
+def test_smolagents_tool_calling_agent_with_its_defaults(gw_vllm: str) -> None:
+    """smolagents' ToolCallingAgent with its defaults (tool_choice "required" on every step; only
+    its long system prompt shortened) against the real vLLM behind a gateway started without
+    --guided: each step is held to its grammar, so every step is a tool call, and the run ends."""
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+            city: The city.
+        """
+        return f"sunny in {city}"
+
+    model = OpenAIServerModel(model_id=CLIENT_MODEL, api_base=gw_vllm + "/v1", api_key="none",
+                              client_kwargs={"max_retries": 0, "timeout": 300}, max_tokens=200,
+                              extra_body={"seed": 0, "logit_bias": TERSE})
+    agent = ToolCallingAgent(tools=[weather], model=model, max_steps=2, verbosity_level=0)
+    # its own prompt is longer than the tiny model's 1024-token context: the one thing changed
+    agent.prompt_templates["system_prompt"] = "Use the tools to answer."
+    agent.run("Weather in Oslo?")
+    calls = [c for step in agent.memory.steps for c in (getattr(step, "tool_calls", None) or [])]
+    errors = [str(step.error) for step in agent.memory.steps if getattr(step, "error", None)]
+    assert calls, errors
+    assert not [e for e in errors if "400" in e or "BadRequest" in e], errors
