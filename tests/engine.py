@@ -87,13 +87,7 @@ class Engine:
                                                                "owned_by": "sglang",
                                                                "max_model_len": self.context}]})
             return
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        req = json.loads(body)
+        req = json.loads(await read_body(receive))
         self.requests.append(req)
         prompt = ENC.decode(req["prompt"])
         users = _USER.findall(prompt)
@@ -271,6 +265,16 @@ def _trim(text: str, matched: str | None) -> str:
         return text
     pos = text.find(matched)
     return text[:pos] if pos != -1 else text
+
+
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            return body
 
 
 async def _gone(receive: Any) -> None:

@@ -27,7 +27,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 import harmonykit as hk
-from engine import Engine, scripted, serving
+from engine import Engine, read_body, scripted, serving
 from harmonykit.server import Settings, create_app
 from harmonykit.tools import Toolbox
 from harmonykit.tools.browser.page import from_html
@@ -534,12 +534,7 @@ class _SearchAPIs:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            m = await receive()
-            body += m.get("body", b"")
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         query = dict(httpx.QueryParams(scope["query_string"].decode()))
         self.seen.append({"path": scope["path"], "headers": headers, "query": query, "body": body})

@@ -54,31 +54,19 @@ class McpTurn:
                 )
                 or "none"
             )
-            text = f"the MCP server {label} offers no tool {name!r} here (its tools: {offered})"
-            return (
-                {"error": {"type": "mcp_protocol_error", "code": -32602, "message": text}},
-                f"Error: {text}",
-                True,
+            return _refused(
+                -32602, f"the MCP server {label} offers no tool {name!r} here (its tools: {offered})"
             )
         try:
             arguments = json.loads(body) if body.strip() else {}
         except ValueError:
             arguments = None
         if not isinstance(arguments, dict):
-            text = f"the arguments of {label}.{name} must be a JSON object"
-            return (
-                {"error": {"type": "mcp_protocol_error", "code": -32602, "message": text}},
-                f"Error: {text}",
-                True,
-            )
+            return _refused(-32602, f"the arguments of {label}.{name} must be a JSON object")
         try:
             output, is_error = await mcp.call(self.servers[label], name, arguments)
         except McpError as e:
-            return (
-                {"error": {"type": "mcp_protocol_error", "code": -32000, "message": e.message}},
-                f"Error: {e.message}",
-                True,
-            )
+            return _refused(-32000, e.message)
         if is_error:
             return (
                 {
@@ -91,6 +79,12 @@ class McpTurn:
                 True,
             )
         return {"output": output}, output, False
+
+
+def _refused(code: int, text: str) -> tuple[dict[str, Any], str, bool]:
+    """A call that did not run or failed before the tool answered: the item's protocol error,
+    and what the model reads."""
+    return {"error": {"type": "mcp_protocol_error", "code": code, "message": text}}, f"Error: {text}", True
 
 
 def _listed(history: list[dict[str, Any]], label: str) -> dict[str, Any] | None:

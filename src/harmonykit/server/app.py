@@ -559,14 +559,8 @@ class Gateway(StatefulRoutes):
     async def _stream(self, send: Send, receive: Receive, request: dict[str, Any], job: Job, kind: str,
                       info: dict[str, Any], record: StoredResponse | None = None,
                       agent: Agent | None = None) -> int:
-        t0 = time.perf_counter()
         # Opened before the response starts: an engine that is down is a 502, not a broken stream.
-        try:
-            batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
-        except HTTPError as e:
-            await self._abandon(record, None, e.message)
-            raise
-        self._latency(info, t0)
+        batches = await self._open(request, job, info, record)
         client_model = request.get("model") or "gpt-oss"
         out: ChatCompletionStream | ResponsesStream
         if kind == "chat":
@@ -647,6 +641,20 @@ class Gateway(StatefulRoutes):
         await emit(_feed(out, rest, rest_lps) + out.close(finish), True)
         self._count(info, out.output_tokens, [out.turn.extension()])
 
+    async def _open(self, request: dict[str, Any], job: Job, info: dict[str, Any],
+                    record: StoredResponse | None) -> EngineStream:
+        """The engine's stream for the first step (a failure: the stored response abandoned, the
+        HTTP error raised)."""
+        t0 = time.perf_counter()
+        try:
+            batches: EngineStream = await self._call(self.upstream.stream(job, request.get("model"),
+                                                                          self.encoding))
+        except HTTPError as e:
+            await self._abandon(record, None, e.message)
+            raise
+        self._latency(info, t0)
+        return batches
+
     async def _turn(self, emit: Emit, batches: EngineStream, out: ResponsesStream, job: Job,
                     request: dict[str, Any], info: dict[str, Any], agent: Agent) -> None:
         """A turn with built-in tools: the agent loop over this gateway's engines, each step's
@@ -690,13 +698,7 @@ class Gateway(StatefulRoutes):
     async def _whole_turn(self, send: Send, receive: Receive, request: dict[str, Any], job: Job,
                           info: dict[str, Any], record: StoredResponse | None, agent: Agent) -> int:
         """A non-streamed response with built-in tools: the same loop, answered when it ends."""
-        t0 = time.perf_counter()
-        try:
-            batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
-        except HTTPError as e:
-            await self._abandon(record, None, e.message)
-            raise
-        self._latency(info, t0)
+        batches = await self._open(request, job, info, record)
         out = self._responses_stream(request, job, record.id if record else None, agent,
                                      record.created_at if record else None)
         final: list[dict[str, Any]] = []

@@ -79,21 +79,32 @@ class SearXNG(Backend):
                      lambda r: r.get("content"))[:topn]
 
 
+class _Keyed(Backend):
+    """A backend reached with an API key from the environment (``key``), as the reference reads it."""
+
+    key = ""
+    who = ""
+
+    def check(self) -> None:
+        if not os.environ.get(self.key):
+            raise BackendError(f"--browser {self.name} needs a {self.who} API key in the {self.key} "
+                               "environment variable")
+
+    def headers(self) -> dict[str, str]:
+        self.check()
+        return {"x-api-key": os.environ[self.key]}
+
+
 @dataclass
-class Exa(Backend):
+class Exa(_Keyed):
     """Exa's ``POST /search`` with summaries, as gpt-oss's reference asks it."""
 
     base: str = "https://api.exa.ai"
     name = "exa"
-
-    def check(self) -> None:
-        if not os.environ.get("EXA_API_KEY"):
-            raise BackendError("--browser exa needs an Exa API key in the EXA_API_KEY environment variable")
+    key, who = "EXA_API_KEY", "Exa"
 
     async def search(self, query: str, topn: int, api: Fetcher) -> list[Row]:
-        self.check()
-        got = await api.request("POST", self.base.rstrip("/") + "/search",
-                                headers={"x-api-key": os.environ["EXA_API_KEY"]},
+        got = await api.request("POST", self.base.rstrip("/") + "/search", headers=self.headers(),
                                 json={"query": query, "numResults": topn,
                                       "contents": {"text": True, "summary": True}})
         data = _json(got, "Exa")
@@ -102,21 +113,15 @@ class Exa(Backend):
 
 
 @dataclass
-class YouCom(Backend):
+class YouCom(_Keyed):
     """You.com's ``GET /v1/search``: web results, then news."""
 
     base: str = "https://api.ydc-index.io"
     name = "youcom"
-
-    def check(self) -> None:
-        if not os.environ.get("YDC_API_KEY"):
-            raise BackendError("--browser youcom needs a You.com API key in the YDC_API_KEY environment "
-                               "variable")
+    key, who = "YDC_API_KEY", "You.com"
 
     async def search(self, query: str, topn: int, api: Fetcher) -> list[Row]:
-        self.check()
-        got = await api.request("GET", self.base.rstrip("/") + "/v1/search",
-                                headers={"x-api-key": os.environ["YDC_API_KEY"]},
+        got = await api.request("GET", self.base.rstrip("/") + "/v1/search", headers=self.headers(),
                                 params={"query": query, "count": topn})
         data = _json(got, "You.com")
         results = data.get("results") if isinstance(data, dict) else None
