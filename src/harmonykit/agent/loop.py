@@ -21,9 +21,9 @@ from ..model import Author, Message, Role, TextContent
 from ..openai.errors import RequestError
 from ..openai.hosted import container_of, hosted_tools
 from ..openai.names import identifier
+from ..openai.request import next_turn
 from ..openai.responses import CITATION, ResponsesStream
 from ..openai.turn import Note
-from ..tokens import START
 from ..tools import BrowserTool, Call, Context, PythonTool, Toolbox, ToolResult
 from .mcp import McpTurn
 
@@ -71,7 +71,7 @@ class Agent:
                            include=tuple(i for i in include if isinstance(i, str))
                            if isinstance(include, list) else ())
         self.ctx.container = self._container(history) if "python" in self.hosted else ""
-        self._tail = [START, *encoding.encode(Role.ASSISTANT.value)]
+        self._tail = next_turn(encoding)  # <|start|>assistant, where every prompt ends
 
     def _container(self, history: list[dict[str, Any]]) -> str:
         """The container python runs in: the one the request names, else the chain's latest."""

@@ -652,14 +652,14 @@ def _prompt(encoding: HarmonyEncoding, read: Request) -> Prompt:
         for i in range(len(read.spans)):
             if i >= drop or channels[i] != "analysis":
                 tokens += read.tokens_of(i)
-    tokens += _next_turn(encoding)
+    tokens += next_turn(encoding)
     return Prompt(tokens, tool_names=list(head.declared), names=head.names, request=read)
 
 
 _NEXT_TURNS: dict[int, list[int]] = {}
 
 
-def _next_turn(encoding: HarmonyEncoding) -> list[int]:
+def next_turn(encoding: HarmonyEncoding) -> list[int]:
     """``<|start|>assistant``, where the prompt ends."""
     found = _NEXT_TURNS.get(id(encoding))
     if found is None:

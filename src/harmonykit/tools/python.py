@@ -177,7 +177,7 @@ class Kernel:
         self._commands: int | None = None
         self.lock = asyncio.Lock()
         self._over = 0  # bytes of the last cell's output past the cap
-        self._partial = ""  # what a cell printed so far (shown when it has to be killed)
+        self._kept = bytearray()  # what the running cell printed so far (shown when it has to be killed)
 
     async def start(self) -> None:
         read, write = os.pipe()
@@ -215,7 +215,8 @@ class Kernel:
                 head, tail = await asyncio.wait_for(self._read_cell(marker), limit + 5.0)
             except asyncio.TimeoutError:
                 await self.close()
-                return CellResult(self._partial + f"\n[the cell ran past its {limit:g} s limit and the "
+                printed = self._kept.decode("utf-8", "replace")
+                return CellResult(printed + f"\n[the cell ran past its {limit:g} s limit and the "
                                   "interpreter had to be killed: all state (variables, imports, files in "
                                   "/mnt/data) is lost; the next cell starts a fresh interpreter]",
                                   timed_out=True, killed=True)
@@ -250,7 +251,7 @@ class Kernel:
         kept = bytearray()
         window = b""  # the end of what was read: the terminator arrives there
         total = 0
-        self._over, self._partial = 0, ""
+        self._over, self._kept = 0, kept
         while True:
             chunk = await self.proc.stdout.read(1 << 16)
             if not chunk:
@@ -268,7 +269,6 @@ class Kernel:
                     size = total - (len(data) - m.start())  # the cell's own bytes
                     self._over = max(0, size - cap)
                     return bytes(kept[: min(cap, size)]).decode("utf-8", "replace"), tail
-            self._partial = kept.decode("utf-8", "replace")
             window = data[-4096:]
 
     async def close(self) -> None:
