@@ -199,6 +199,24 @@ def test_encrypted_reasoning_keeps_the_chain_of_thought_without_a_store(
     assert key_file.exists() and oct(key_file.stat().st_mode & 0o777) == "0o600"
 
 
+def test_store_false_seals_reasoning_unasked(gw: str) -> None:
+    """With ``store: false`` the client holds the chain of thought or nobody does: reasoning comes
+    sealed even when ``include`` does not ask (the Vercel AI SDK asks only for model names it knows
+    reason); stored responses carry none unasked."""
+    body = {"model": "m", "input": 'call:lookup:{"q": "x"}', "tools": TOOLS}
+    for store, sealed in ((False, True), (True, False)):
+        for stream in (False, True):
+            if stream:
+                with httpx.stream("POST", gw + "/v1/responses", json={**body, "store": store, "stream": True},
+                                  timeout=60) as r:
+                    frames = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+                out = frames[-1]["response"]["output"]
+            else:
+                out = post(gw, "/v1/responses", {**body, "store": store}).json()["output"]
+            reasoning = next(i for i in out if i["type"] == "reasoning")
+            assert bool(reasoning.get("encrypted_content")) is sealed, (store, stream, reasoning)
+
+
 def test_replicas_sharing_a_state_key_open_each_others_reasoning(engine: tuple[Engine, str]) -> None:
     import base64
 
@@ -213,3 +231,135 @@ def test_replicas_sharing_a_state_key_open_each_others_reasoning(engine: tuple[E
         assert post(b, "/v1/responses", {"model": "m", "input": [user, item]}).status_code == 200
     with pytest.raises(ValueError, match="--state-key"):
         Settings(upstream=(engine[1],), store="none", state_key="c2hvcnQ=")
+
+
+# -- Python agent frameworks in their previous_response_id modes --------------------------------
+
+@pytest.fixture(scope="module")
+def stored(engine: tuple[Engine, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    store = f"sqlite:///{tmp_path_factory.mktemp('clients') / 'store.db'}"
+    with serving(create_app(Settings(upstream=(engine[1],), store=store, api_key=("fw-key", "other-key")))) as url:
+        yield url
+
+
+class _Sent:
+    """What a framework sent the gateway (an httpx event hook on the client it is given)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> None:
+        if request.url.path.endswith("/responses"):
+            self.bodies.append(json.loads(request.read()))
+
+    async def hook(self, request: httpx.Request) -> None:
+        self(request)
+
+
+def _continued(engine: Engine, since: int, sent: _Sent, *, result: str) -> None:
+    """A framework's tool loop: the second request continues the first by ``previous_response_id``,
+    sending only what is new (the tool's output); the engine saw the whole chain anyway — the first
+    step's reasoning and the tool's result."""
+    first, second = sent.bodies[-2:]
+    assert "previous_response_id" not in first and second.get("previous_response_id", "").startswith("resp_")
+    assert [i.get("type") for i in second["input"]] == ["function_call_output"], second["input"]
+    prompts = engine.requests[since:]
+    assert len(prompts) == 2
+    last = ENC.decode(prompts[-1]["prompt"])
+    assert "<|channel|>analysis<|message|>Call lookup.<|end|>" in last and f"<|message|>{result}<|end|>" in last
+
+
+def test_pydantic_ai_chains_by_previous_response_id(stored: str, engine: tuple[Engine, str]) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIResponsesModel, OpenAIResponsesModelSettings
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    sent = _Sent()
+    client = openai.AsyncOpenAI(base_url=stored + "/v1", api_key="fw-key", max_retries=0,
+                                http_client=httpx.AsyncClient(event_hooks={"request": [sent.hook]}))
+    model = OpenAIResponsesModel("gpt-oss", provider=OpenAIProvider(openai_client=client))
+    agent = Agent(model, model_settings=OpenAIResponsesModelSettings(openai_previous_response_id="auto"))
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:
+        """Find a customer."""
+        return f"found {q}"
+
+    since = len(engine[0].requests)
+    run = agent.run_sync('call:lookup:{"q": "pydantic"}')
+    assert run.output == "tool said found pydantic"
+    _continued(engine[0], since, sent, result="found pydantic")
+    again = agent.run_sync("say:and then?", message_history=run.all_messages())
+    assert again.output == "and then?" and sent.bodies[-1]["previous_response_id"] == run.all_messages()[-1].provider_response_id
+
+
+def test_langchain_chains_by_previous_response_id(stored: str, engine: tuple[Engine, str]) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def lookup(q: str) -> str:
+        """Find a customer."""
+        return f"found {q}"
+
+    sent = _Sent()
+    llm = ChatOpenAI(model="gpt-oss", base_url=stored + "/v1", api_key="fw-key", max_retries=0,  # type: ignore[arg-type]
+                     http_client=httpx.Client(event_hooks={"request": [sent]}),
+                     use_responses_api=True, use_previous_response_id=True).bind_tools([lookup])
+    since = len(engine[0].requests)
+    history: list[Any] = [HumanMessage('call:lookup:{"q": "langchain"}')]
+    step = llm.invoke(history)
+    history.append(step)
+    for call in step.tool_calls:
+        history.append(ToolMessage(lookup.invoke(call["args"]), tool_call_id=call["id"]))
+    answer = llm.invoke(history)
+    assert answer.text == "tool said found langchain"
+    _continued(engine[0], since, sent, result="found langchain")
+
+
+CHAT_TOOLS = [{"type": "function", "function": TOOLS[0]}]
+
+
+def _chat_step(url: str, messages: list[dict[str, Any]], *, key: str = "fw-key", stream: bool = False,
+               **extra: Any) -> dict[str, Any]:
+    from harmonykit.openai.chat import merge_deltas
+
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS, **extra}
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]  # type: ignore[no-any-return]
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers,
+                      timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return merge_deltas(c["choices"][0]["delta"] for c in chunks if c.get("choices"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_tool_loops_keep_their_reasoning_when_the_client_drops_it(
+        stored: str, engine: tuple[Engine, str], stream: bool) -> None:
+    """Chat clients (the Vercel AI SDK's, LangChain's) send the tool call back without the
+    reasoning before it: the gateway restores it from the store by the call's id, for the key that
+    made it. Reasoning the client sends back wins; an explicit empty one stays empty; a request
+    with ``store: false`` keeps nothing."""
+    user = {"role": "user", "content": f'call:lookup:{{"q": "chat-{stream}"}}'}
+
+    def loop(first_extra: dict[str, Any], assistant_extra: dict[str, Any], key: str = "fw-key") -> str:
+        got = _chat_step(stored, [user], stream=stream, **first_extra)
+        assert got["reasoning_content"] == "Call lookup." and got["tool_calls"], got
+        call = got["tool_calls"][0]
+        assistant = {"role": "assistant", "content": None, "tool_calls": [call], **assistant_extra}
+        answer = _chat_step(stored, [user, assistant, {"role": "tool", "tool_call_id": call["id"], "content": "ok"}],
+                            key=key, stream=stream)
+        assert answer["content"] == "tool said ok"
+        return ENC.decode(engine[0].requests[-1]["prompt"])
+
+    kept = "<|channel|>analysis<|message|>Call lookup.<|end|>"
+    assert kept in loop({}, {})
+    assert kept in loop({}, {"reasoning_content": None})
+    assert "<|message|>Mine.<|end|>" in loop({}, {"reasoning_content": "Mine."})
+    assert kept not in loop({}, {"reasoning_content": ""})
+    assert kept not in loop({}, {}, key="other-key")
+    assert kept not in loop({"store": False}, {})

@@ -194,6 +194,22 @@ def test_expired_objects_are_gone_and_swept(store_url: str) -> None:
     run(go())
 
 
+def test_a_chat_loops_reasoning_is_kept_per_owner_and_expires(store_url: str) -> None:
+    async def go() -> None:
+        s = open_store(store_url, ttl=0.3)
+        await s.open()
+        await s.keep_thought("a", ["call_1", "call_2", "call_1"], "Think.")
+        await s.keep_thought("a", ["call_1"], "Think again.")
+        assert await s.thoughts("a", ["call_1", "call_2", "call_3"]) == {"call_1": "Think again.",
+                                                                         "call_2": "Think."}
+        assert await s.thoughts("b", ["call_1", "call_2"]) == {} and await s.thoughts("a", []) == {}
+        await asyncio.sleep(0.4)
+        assert await s.thoughts("a", ["call_1"]) == {}
+        await s.sweep()
+        await s.close()
+    run(go())
+
+
 def test_store_urls_are_checked() -> None:
     assert open_store("none") is None
     for bad in ("mysql://x", "sqlite:", "store.db"):

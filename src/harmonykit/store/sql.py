@@ -80,7 +80,15 @@ _SCHEMA = [
         owner TEXT NOT NULL, item_id TEXT NOT NULL, response_id TEXT NOT NULL,
         PRIMARY KEY (owner, item_id))""",
     """CREATE INDEX IF NOT EXISTS hk_refs_response ON hk_refs (response_id)""",
+    # The model's reasoning before the tool calls of a Chat completion, by call id: Chat clients
+    # seldom send reasoning back, and gpt-oss needs it until the call's result is read.
+    """CREATE TABLE IF NOT EXISTS hk_thoughts (
+        owner TEXT NOT NULL, call_id TEXT NOT NULL, text TEXT NOT NULL, expires_at {float} NOT NULL,
+        PRIMARY KEY (owner, call_id))""",
+    """CREATE INDEX IF NOT EXISTS hk_thoughts_expiry ON hk_thoughts (expires_at)""",
 ]
+
+THOUGHT_TTL = 86400.0  # a tool loop's reasoning is kept a day at most (or the store's TTL, if shorter)
 
 _RESPONSE_COLUMNS = (
     "id, owner, created_at, status, background, body, input, previous_id, conversation_id, "
@@ -328,6 +336,14 @@ class Store:
         """An item of one of the owner's stored responses (its input or output), by its id."""
         return await self._read(_item, owner, item_id, time.time())
 
+    async def keep_thought(self, owner: str, call_ids: Sequence[str], text: str) -> None:
+        """The reasoning that led to these tool calls (a Chat completion's), kept for the owner."""
+        await self._run(_keep_thought, owner, list(call_ids), text, time.time() + min(self.ttl, THOUGHT_TTL))
+
+    async def thoughts(self, owner: str, call_ids: Sequence[str]) -> dict[str, str]:
+        """The kept reasoning of these calls of the owner's, by call id (the ones found)."""
+        return await self._read(_thoughts, owner, list(call_ids), time.time())
+
     async def delete_response(self, owner: str, rid: str) -> bool:
         return await self._run(_delete_response, owner, rid, time.time())
 
@@ -455,6 +471,23 @@ def _item(tx: Tx, owner: str, item_id: str, now: float) -> dict[str, Any] | None
         if isinstance(item, dict) and item.get("id") == item_id:
             return dict(item)
     return None
+
+
+def _keep_thought(tx: Tx, owner: str, call_ids: list[str], text: str, expires: float) -> None:
+    tx.many("INSERT INTO hk_thoughts (owner, call_id, text, expires_at) VALUES (?,?,?,?) "
+            "ON CONFLICT (owner, call_id) DO UPDATE SET text = excluded.text, "
+            "expires_at = excluded.expires_at",
+            [(owner, c, text, expires) for c in sorted(set(call_ids))])
+
+
+def _thoughts(tx: Tx, owner: str, call_ids: list[str], now: float) -> dict[str, str]:
+    ids = sorted(set(call_ids))[:128]
+    if not ids:
+        return {}
+    marks = ",".join("?" * len(ids))
+    rows = tx.all("SELECT call_id, text FROM hk_thoughts WHERE owner = ? AND expires_at > ? "
+                  f"AND call_id IN ({marks})", (owner, now, *ids))
+    return {r[0]: r[1] for r in rows}
 
 
 def _finish_response(
@@ -612,6 +645,7 @@ def _sweep(tx: Tx, now: float) -> tuple[int, int]:
         (now,),
     )
     deleted += tx.run("DELETE FROM hk_conversations WHERE expires_at <= ?", (now,))
+    tx.run("DELETE FROM hk_thoughts WHERE expires_at <= ?", (now,))
     return failed, deleted
 
 
