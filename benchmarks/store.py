@@ -9,6 +9,9 @@ the same run:
   sent whole (both stored, as by default): the gateway's CPU per request and the p50 latency
   (target: the chain costs no more);
 - the p50 a stored response adds over the same request unstored, on SQLite (target: < 1 ms);
+- a Chat tool loop's two steps with the reasoning kept and restored by the gateway (the client
+  sends none back) against the same steps with ``store: false`` and the reasoning sent back by
+  the client: the p50 each step adds (target: < 1 ms);
 - 2 gateways x 50 concurrent chains on one PostgreSQL, each chain a conversation whose steps
   alternate between the gateways: every item there and in order, no error; responses/s.
 
@@ -107,6 +110,44 @@ async def _chain_against_whole(gateway: str, gw_pid: int) -> None:
           f"({p50(plain_stored) * 1e3:.2f} stored vs {p50(plain_unstored) * 1e3:.2f} unstored; target < 1 ms)")
 
 
+async def _chat_loop(gateway: str) -> None:
+    """A Chat tool loop's steps when the gateway keeps and restores the reasoning, against the
+    same steps where the client carries it (store: false, reasoning_content sent back)."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+    async def step(session: aiohttp.ClientSession, messages: list[dict[str, Any]],
+                   **extra: Any) -> tuple[float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        async with session.post(gateway + "/v1/chat/completions",
+                                json={"model": MODEL, "messages": messages, "tools": tools, **extra}) as r:
+            data = await r.json()
+            assert r.status == 200, data
+        return time.perf_counter() - t0, data["choices"][0]["message"]
+
+    firsts: dict[bool, list[float]] = {True: [], False: []}
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    async with aiohttp.ClientSession() as session:
+        for i in range(STEPS):
+            for kept in (True, False):  # interleaved, so that both see the same machine
+                user = {"role": "user", "content": f'call:lookup:{{"q": "{i}"}}'}
+                t, message = await step(session, [user], **({} if kept else {"store": False}))
+                firsts[kept].append(t)
+                call = message["tool_calls"][0]
+                assistant = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if not kept:
+                    assistant["reasoning_content"] = message["reasoning_content"]
+                t, answer = await step(session, [user, assistant,
+                                                 {"role": "tool", "tool_call_id": call["id"], "content": "ok"}])
+                assert answer["content"] == "tool said ok"
+                seconds[kept].append(t)
+    p50 = statistics.median
+    print(f"  a Chat tool loop ({STEPS} loops each), reasoning kept and restored by the gateway vs carried "
+          f"by the client: step one p50 {p50(firsts[True]) * 1e3:.2f} vs {p50(firsts[False]) * 1e3:.2f} ms "
+          f"(+{(p50(firsts[True]) - p50(firsts[False])) * 1e3:.2f} ms), step two {p50(seconds[True]) * 1e3:.2f} vs "
+          f"{p50(seconds[False]) * 1e3:.2f} ms (+{(p50(seconds[True]) - p50(seconds[False])) * 1e3:.2f} ms; "
+          "target < 1 ms each)")
+
+
 async def _two_gateways(a: str, b: str, chains: int = 50, steps: int = 10) -> None:
     errors: list[str] = []
     async with aiohttp.ClientSession() as session:
@@ -160,6 +201,7 @@ def main() -> None:
                     gateway + "/health")
         try:
             asyncio.run(_chain_against_whole(gateway, gw.pid))
+            asyncio.run(_chat_loop(gateway))
         finally:
             _stop(gw)
         with postgres_server() as pg:
