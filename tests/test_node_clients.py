@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ def _installed(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[Engine, str]]:
     with scripted(25) as served:
+        served[0].context = 131072  # gpt-oss's: Codex's prompt is some 8k tokens before any MCP server
         yield served
 
 
@@ -113,9 +115,10 @@ def codex_home(gw: str) -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _codex(home: Path, work: Path, prompt: str) -> list[dict[str, Any]]:
+def _codex(home: Path, work: Path, prompt: str, *, resume: bool = False) -> list[dict[str, Any]]:
     codex = _installed(NODE / ".bin" / "codex")
-    run = subprocess.run([str(codex), "exec", "--json", "--skip-git-repo-check", prompt], capture_output=True,
+    how = ["exec", "--json", "--skip-git-repo-check", *(["resume", "--last"] if resume else [])]
+    run = subprocess.run([str(codex), *how, prompt], capture_output=True,
                          text=True, timeout=180, env=_env(CODEX_HOME=str(home)), cwd=work,
                          stdin=subprocess.DEVNULL)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -154,3 +157,45 @@ def test_codex_runs_a_shell_command_and_reads_its_output(gw: str, engine: tuple[
     assert len(engine[0].requests) - before == 2 and REASONED.format("exec_command") in second
     assert "<|start|>functions.exec_command to=assistant<|channel|>commentary<|message|>" in second
 
+
+
+def test_codex_searches_with_the_gateways_browser_and_goes_on(gw: str, engine: tuple[Engine, str],
+                                                              codex_home: Path, tmp_path: Path) -> None:
+    """Codex's own ``web_search`` tool, run at the gateway by gpt-oss's browser over its index:
+    Codex shows the search; the next turn (``exec resume``) sends the whole history back, the
+    search and the sealed reasoning included, and is answered."""
+    search = ('agent:<<channel>>analysis<<message>>Search it.<<end>><<start>>assistant<<channel>>analysis '
+              'to=browser.search <<constrain>>json<<message>>{"query": "green tea"}<<call>> ||| '
+              "<<channel>>final<<message>>read: <<result>><<return>>")
+    events = _codex(codex_home, tmp_path, search)
+    searched = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "web_search"]
+    assert [s["query"] for s in searched] == ["green tea"], events
+    assert "Green tea steeps at 80 C." in _said(events)[-1]
+    before = len(engine[0].requests)
+    again = _codex(codex_home, tmp_path, "say:and the second turn", resume=True)
+    assert _said(again) == ["and the second turn"]
+    prompt = prompt_of(engine[0].requests[before])
+    assert "<|message|>Search it.<|end|>" not in prompt  # an ended turn's reasoning is dropped (harmony)
+    assert "to=browser.search" in prompt and "green tea" in prompt and "Green tea steeps" in prompt
+
+
+def test_codex_calls_its_own_mcp_server_through_a_namespace(gw: str, engine: tuple[Engine, str],
+                                                           codex_home: Path, tmp_path: Path) -> None:
+    """An MCP server in Codex's config arrives as a ``namespace`` tool (``mcp__notes``): the model's
+    ``to=mcp__notes.add`` goes back to Codex as that namespace's ``add``, Codex calls its server,
+    and the result renders back under the same name."""
+    calls = tmp_path / "calls.log"
+    with (codex_home / "config.toml").open("a") as config:
+        config.write(f'\n[mcp_servers.notes]\ncommand = "{sys.executable}"\n'
+                     f'args = ["{HERE / "clients" / "notes_mcp.py"}", "{calls}"]\n'
+                     'default_tools_approval_mode = "approve"\n')
+    before = len(engine[0].requests)
+    events = _codex(codex_home, tmp_path, 'agent:<<channel>>commentary to=mcp__notes.add <<constrain>>json'
+                                          '<<message>>{"a": 20, "b": 22}<<call>> ||| '
+                                          "<<channel>>final<<message>>sum: <<result>><<return>>")
+    ran = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "mcp_tool_call"]
+    assert len(ran) == 1 and (ran[0]["server"], ran[0]["tool"], ran[0]["status"]) == ("notes", "add", "completed")
+    assert calls.read_text() == "add 20 22\n" and "42" in _said(events)[-1]
+    first, second = (prompt_of(r) for r in engine[0].requests[before:])
+    assert "namespace mcp__notes {" in first and "type add = (_: {" in first
+    assert "<|start|>mcp__notes.add to=assistant<|channel|>commentary<|message|>" in second

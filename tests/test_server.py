@@ -570,6 +570,7 @@ def test_a_body_far_past_the_context_is_refused_before_any_work(engine: tuple[En
         sent = len(engine[0].requests)
         code, out = _raw(gw, "/v1/chat/completions", big, timeout=600)
     assert code == 400 and out["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert out["error"]["param"] == "messages"  # type: ignore[index]
     assert rendered == [] and len(engine[0].requests) == sent  # neither rendered nor sent
 
 

@@ -317,6 +317,7 @@ def test_truncation_auto_drops_the_oldest_items(engine: tuple[Engine, str], stor
                 {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hm"}]}]
         got = raw(gw, "POST", "/v1/responses", json={"model": MODEL, "input": left, "truncation": "auto"})
         assert got.status_code == 400 and got.json()["error"]["code"] == "context_length_exceeded"
+        assert got.json()["error"]["param"] == "input"  # a Responses prompt is its input (Chat's: messages)
 
 
 def test_each_key_sees_only_its_own(engine: tuple[Engine, str], store_url: str, tmp_path: Any) -> None:

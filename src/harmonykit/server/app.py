@@ -276,7 +276,7 @@ class Gateway(StatefulRoutes):
                                  "requests; retry shortly", code="concurrency_limit")
         self.active += 1
         try:
-            self._bound(len(data))
+            self._bound(len(data), kind)
             try:
                 request, tokens, own, mcp = await self._prepare(data, kind, owner)
                 spaces = mcp.namespaces if mcp else ()
@@ -510,7 +510,7 @@ class Gateway(StatefulRoutes):
                      kind: str, info: dict[str, Any], record: StoredResponse | None = None) -> int:
         t0 = time.perf_counter()
         call = asyncio.ensure_future(self._call(self.upstream.complete(job, request.get("model"),
-                                                                       self.encoding)))
+                                                                       self.encoding), request))
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -671,7 +671,7 @@ class Gateway(StatefulRoutes):
         t0 = time.perf_counter()
         try:
             batches: EngineStream = await self._call(self.upstream.stream(job, request.get("model"),
-                                                                          self.encoding))
+                                                                          self.encoding), request)
         except HTTPError as e:
             await self._abandon(record, None, e.message)
             raise
@@ -827,7 +827,8 @@ class Gateway(StatefulRoutes):
         batches: EngineStream | None = None
         try:
             try:
-                batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding))
+                batches = await self._call(self.upstream.stream(job, request.get("model"), self.encoding),
+                                           request)
             except HTTPError as e:
                 await emit(out.feed([]) + out.fail(e.message), True)
                 return
@@ -939,16 +940,17 @@ class Gateway(StatefulRoutes):
                 break
         return b"".join(chunks)
 
-    def _bound(self, size: int) -> None:
+    def _bound(self, size: int, kind: str) -> None:
         """Refuse, before any work, a body far larger than any prompt the engines' context holds
         (no tokenization packs more than ~64 bytes of a JSON body into one token but long runs
         of one repeated character)."""
         contexts = [e.info.context for e in self.upstream.engines if e.info and e.info.context]
         if contexts and size > max(contexts) * _BYTES_PER_TOKEN_BOUND:
             raise HTTPError(400, f"the request ({size} bytes) cannot fit the engine's context of "
-                                 f"{max(contexts)} tokens", param="messages", code="context_length_exceeded")
+                                 f"{max(contexts)} tokens", param=_PROMPT[kind],
+                            code="context_length_exceeded")
 
-    async def _call(self, call: Awaitable[Any]) -> Any:
+    async def _call(self, call: Awaitable[Any], request: dict[str, Any]) -> Any:
         try:
             return await call
         except UpstreamError as e:
@@ -957,7 +959,8 @@ class Gateway(StatefulRoutes):
             raise HTTPError(400, f"the engine rejected the request: {e.message}",
                             code="upstream_rejected") from None
         except ContextExceeded as e:
-            raise HTTPError(400, e.message, param="messages", code="context_length_exceeded") from None
+            param = _PROMPT["chat" if "messages" in request else "responses"]
+            raise HTTPError(400, e.message, param=param, code="context_length_exceeded") from None
         except RequestError as e:  # what this engine would refuse, caught before it is called
             raise HTTPError(400, e.message, param=e.param) from None
 
@@ -1006,6 +1009,7 @@ class _EngineStep:
             yield rest
 
 
+_PROMPT = {"chat": "messages", "responses": "input"}  # the field a prompt that is too long is named by
 IGNORED = "harmonykit.ignored_fields"  # where the request keeps the fields it came with that were ignored
 
 

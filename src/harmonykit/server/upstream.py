@@ -78,7 +78,7 @@ class ContextExceeded(Exception):
 
     def __init__(self, prompt: int, context: int) -> None:
         super().__init__(f"This model's maximum context length is {context} tokens; the prompt is "
-                         f"{prompt} tokens, which leaves no room for output. Shorten the messages.")
+                         f"{prompt} tokens, which leaves no room for output. Shorten the conversation.")
         self.message = str(self)
 
 
