@@ -344,7 +344,8 @@ class Gateway(StatefulRoutes):
             if ns is not None and ns not in self.toolbox.enabled:
                 what = "MCP servers" if ns == "mcp" else f"gpt-oss's {ns} tool"
                 raise RequestError(f"tools[{i}]", f"the {t['type']} tool needs the gateway started with "
-                                                  f"{OPTIONS[ns]} (this gateway does not run {what})")
+                                                  f"{OPTIONS[ns]} (this gateway does not run {what}), or "
+                                                  "send the request without it")
 
     async def _prepare(self, data: bytes, kind: str,
                        owner: str) -> tuple[dict[str, Any], list[int], Any, McpTurn | None]:
