@@ -155,7 +155,7 @@ def main() -> None:
     report(f"long conversation, {n} tokens", t_ours, t_ref)
     print(f"  {'':<46} harmonykit {n / t_ours / 1e6:6.2f} M tok/s   reference {n / t_ref / 1e6:6.2f} M tok/s")
     text = enc.decode_utf8(enc.render_conversation_for_completion(ours_convo, hk.Role.ASSISTANT))
-    t_bpe = best(lambda: enc._bpe.encode(text, allowed_special="all"))
+    t_bpe = best(lambda: enc.bpe.encode(text, allowed_special="all"))
     print(f"  {'(tiktoken encoding the same text)':<46} {t_bpe * 1e3:9.3f} ms")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -112,7 +112,7 @@ def test_encode_with_special_tokens_is_tiktokens(pieces: list[str], allowed: Any
     """The special-token split is ours (for speed); the ids are exactly tiktoken's."""
     enc = hk.load_harmony_encoding(hk.HarmonyEncodingName.HARMONY_GPT_OSS)
     text = "".join(pieces)
-    expected = enc._bpe.encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
+    expected = enc.bpe.encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"),
                                allowed_special=allowed, disallowed_special=())
     assert enc.encode(text, allowed_special=allowed, disallowed_special=()) == expected
 

@@ -89,6 +89,12 @@ class HarmonyEncoding:
     def name(self) -> str:
         return self._name
 
+    @property
+    def bpe(self) -> tiktoken.Encoding:
+        """The byte-pair vocabulary underneath (o200k_harmony, a ``tiktoken.Encoding``), for
+        tools that build their own tokenizer from it, as guided decoding's llguidance does."""
+        return self._bpe
+
     @functools.cached_property
     def special_tokens_set(self) -> set[str]:
         return set(SPECIAL_TOKENS)
@@ -301,7 +307,7 @@ class HarmonyEncoding:
         """
         machine = self.machine(role, strict=strict)
         self._run(machine, tokens)
-        return machine._messages
+        return machine.parsed
 
     def parse_completion(
         self,

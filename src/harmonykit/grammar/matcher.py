@@ -34,7 +34,7 @@ def lltokenizer(encoding: HarmonyEncoding) -> llguidance.LLTokenizer:
     """The llguidance tokenizer for ``encoding`` (built once per process). Its end-of-sequence
     token is <|endoftext|>, which no Harmony turn holds: <|return|> and <|call|> are tokens
     of the grammar, not llguidance's stop."""
-    return lltokenizer_from_encoding(encoding._bpe, n_vocab=N_VOCAB, eos_token=ENDOFTEXT)
+    return lltokenizer_from_encoding(encoding.bpe, n_vocab=N_VOCAB, eos_token=ENDOFTEXT)
 
 
 def _compile(encoding: HarmonyEncoding, grammar: str) -> llguidance.LLMatcher:

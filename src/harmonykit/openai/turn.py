@@ -306,7 +306,7 @@ class Turn:
 
     def _step(self, stopped: bool, at_end: bool = False) -> None:
         p = self.parser
-        msgs = p._messages
+        msgs = p.parsed
         op = self._open
         cut = at_end and self._cut and not stopped
         if op is not None and (at_end or p.state is not StreamState.CONTENT or p.header is not op.header):
@@ -484,7 +484,7 @@ class Turn:
             if kind == "stray_stop_token":
                 continue
             if kind == "stray_text":
-                text = self.encoding.decode([t for t in p._tokens[start:end] if 0 <= t < 199998])
+                text = self.encoding.decode([t for t in p.tokens_in(start, end) if 0 <= t < 199998])
                 if text.strip():
                     self._pending.append((text, end - start))
             return

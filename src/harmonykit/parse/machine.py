@@ -788,6 +788,16 @@ class Machine:
 
     # -- results ---------------------------------------------------------------
 
+    @property
+    def parsed(self) -> list[Message]:
+        """The messages parsed so far: the machine's own list, not a copy (read it, never change
+        it), for callers that look at it after every token."""
+        return self._messages
+
+    def tokens_in(self, start: int, end: int) -> list[int]:
+        """The tokens fed from index ``start`` up to ``end`` (a span's, or a skipped range's)."""
+        return self._tokens[start:end]
+
     def result(self) -> ParseResult:
         """The parse so far (after ``end``, the final one)."""
         return ParseResult(
