@@ -188,7 +188,9 @@ def test_codex_calls_its_own_mcp_server_through_a_namespace(gw: str, engine: tup
     with (codex_home / "config.toml").open("a") as config:
         config.write(f'\n[mcp_servers.notes]\ncommand = "{sys.executable}"\n'
                      f'args = ["{HERE / "clients" / "notes_mcp.py"}", "{calls}"]\n'
-                     'default_tools_approval_mode = "approve"\n')
+                     # required: Codex waits for the server before its first request (an optional
+                     # one still starting is left out of it: a race on a loaded machine)
+                     'default_tools_approval_mode = "approve"\nrequired = true\nstartup_timeout_sec = 60\n')
     before = len(engine[0].requests)
     events = _codex(codex_home, tmp_path, 'agent:<<channel>>commentary to=mcp__notes.add <<constrain>>json'
                                           '<<message>>{"a": 20, "b": 22}<<call>> ||| '
