@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,25 +101,31 @@ def test_the_ai_sdk_runs_its_tool_loop(gw: str, engine: tuple[Engine, str], tmp_
 
 @pytest.fixture
 def codex_home(gw: str) -> Iterator[Path]:
-    """Codex's configuration as docs/clients.md gives it, nothing else. Not under /tmp: Codex
-    will not put its sandbox's helper binaries in a temporary folder, and its shell tool then
-    fails."""
+    """Codex's configuration as docs/clients.md gives it, and what keeps it off the network (its
+    update check, analytics and plugin sync look up github.com and chatgpt.com: tests send
+    traffic to loopback only). Not under /tmp: Codex will not put its sandbox's helper binaries
+    in a temporary folder, and its shell tool then fails."""
     parent = Path.home() / ".cache" / "harmonykit"
     parent.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="codex-home-", dir=parent))
     (home / "config.toml").write_text(
-        'model = "gpt-oss-20b"\nmodel_provider = "harmonykit"\n\n[model_providers.harmonykit]\n'
-        f'name = "harmonykit"\nbase_url = "{gw}/v1"\nenv_key = "HARMONYKIT_API_KEY"\nwire_api = "responses"\n')
+        'model = "gpt-oss-20b"\nmodel_provider = "harmonykit"\ncheck_for_update_on_startup = false\n\n'
+        '[model_providers.harmonykit]\n'
+        f'name = "harmonykit"\nbase_url = "{gw}/v1"\nenv_key = "HARMONYKIT_API_KEY"\nwire_api = "responses"\n\n'
+        '[analytics]\nenabled = false\n\n[features]\nplugins = false\nremote_plugin = false\n')
     try:
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _codex(home: Path, work: Path, prompt: str, *, resume: bool = False) -> list[dict[str, Any]]:
+def _codex(home: Path, work: Path, prompt: str, *, resume: bool = False,
+           traced: Path | None = None) -> list[dict[str, Any]]:
     codex = _installed(NODE / ".bin" / "codex")
     how = ["exec", "--json", "--skip-git-repo-check", *(["resume", "--last"] if resume else [])]
-    run = subprocess.run([str(codex), *how, prompt], capture_output=True,
+    # traced: every connection and datagram Codex and its children make, written there by strace
+    spy = ["strace", "-f", "-qq", "-e", "trace=connect,sendto,sendmsg,sendmmsg", "-o", str(traced)] if traced else []
+    run = subprocess.run([*spy, str(codex), *how, prompt], capture_output=True,
                          text=True, timeout=180, env=_env(CODEX_HOME=str(home)), cwd=work,
                          stdin=subprocess.DEVNULL)
     events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
@@ -141,6 +148,18 @@ def test_codex_answers(gw: str, engine: tuple[Engine, str], codex_home: Path, tm
     prompt = prompt_of(engine[0].requests[before])
     assert "namespace multi_agent_v1 {" in prompt and "namespace browser {" in prompt
     assert "type exec_command = (_: {" in prompt
+
+
+def test_codex_talks_to_the_gateway_alone(gw: str, codex_home: Path, tmp_path: Path) -> None:
+    """Configured as docs/clients.md gives it for a machine that reaches nothing else, Codex
+    connects to the gateway on loopback and nowhere else: no other address, no DNS query."""
+    trace = tmp_path / "trace"
+    assert _said(_codex(codex_home, tmp_path, "say:only you", traced=trace)) == ["only you"]
+    seen = trace.read_text()
+    v4 = set(re.findall(r'inet_addr\("([^"]+)"\)', seen))
+    v6 = set(re.findall(r'inet_pton\(AF_INET6, "([^"]+)"', seen))
+    assert v4 and all(a.startswith("127.") for a in v4) and v6 <= {"::1"}, (v4, v6)
+    assert "htons(53)" not in seen  # no name looked up
 
 
 def test_codex_runs_a_shell_command_and_reads_its_output(gw: str, engine: tuple[Engine, str],

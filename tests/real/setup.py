@@ -10,7 +10,8 @@ under ``$HARMONYKIT_ENGINES`` (default ``~/.cache/harmonykit/engines``):
 - ``llama.cpp/``: ``convert_hf_to_gguf.py`` and ``gguf-py`` from the llama-cpp-python
   source archive (the llama.cpp it bundles);
 - Debian's ``postgresql`` server, when it is not on the machine (the store tests start
-  their own in a temporary folder), and ``bubblewrap`` (the python tool's sandbox);
+  their own in a temporary folder), ``bubblewrap`` (the python tool's sandbox) and ``strace``
+  (what the Codex CLI connects to);
 - ``node/``: the Node clients the tests run as users do (``NODE_CLIENTS``): the Codex CLI
   (its npm package carries its own binary) and the Vercel AI SDK; Node and npm themselves are
   Debian's ``nodejs`` and ``npm`` when the machine has none;
@@ -114,13 +115,14 @@ def debian(what: str, package: str, present: bool) -> None:
 
 
 def system_packages() -> None:
-    """PostgreSQL's server (the store tests start their own) and bubblewrap (the python tool's
-    sandbox; its tests fail, never skip, without it)."""
+    """PostgreSQL's server (the store tests start their own), bubblewrap (the python tool's
+    sandbox; its tests fail, never skip, without it) and strace (the Codex CLI's connections)."""
     import glob
 
     debian("PostgreSQL's server", "postgresql",
            bool(shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb")))
     debian("bubblewrap", "bubblewrap", bool(shutil.which("bwrap")))
+    debian("strace", "strace", bool(shutil.which("strace")))  # what the Codex CLI connects to
 
 
 def node_clients() -> Path:
